@@ -1,0 +1,27 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="petra_hub",
+    version="0.1.0",
+    description="PETRA: parallel end-to-end training of reversible networks across processes and devices",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    package_dir={"": "src"},
+    packages=find_packages("src"),
+    python_requires=">=3.10",
+    install_requires=[
+        "torch>=2.4",
+        "torchvision>=0.19",  # timm needs it; also the paper's image transforms
+        "transformers>=5.0,<6",
+        "accelerate>=1.0",
+        "datasets>=3.0",
+        "timm>=1.0",
+        "safetensors>=0.4",
+        "huggingface-hub>=1.0",
+        "scikit-learn>=1.3",
+        "pyyaml",
+        "pillow",
+    ],
+    extras_require={"test": ["pytest>=8"]},
+)

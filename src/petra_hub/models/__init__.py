@@ -1,0 +1,3 @@
+from .revnet import RevNetConfig, RevNetForImageClassification, RevNetModel, RevNetPreTrainedModel
+
+__all__ = ["RevNetConfig", "RevNetForImageClassification", "RevNetModel", "RevNetPreTrainedModel"]

@@ -1,0 +1,118 @@
+"""Configuration of the reversible ResNets (RevNets) used by PETRA."""
+
+from __future__ import annotations
+
+from transformers import PretrainedConfig
+
+BLOCK_TYPES = ("basic", "bottleneck")
+STEMS = ("cifar", "imagenet")
+DOWNSAMPLINGS = ("buffered", "invertible")
+
+# The paper's models: ResNet depths, and per-stream widths equal to the ResNet widths.
+PRESETS = {
+    "revnet18": {"block_type": "basic", "depths": [2, 2, 2, 2], "hidden_sizes": [64, 128, 256, 512]},
+    "revnet34": {"block_type": "basic", "depths": [3, 4, 6, 3], "hidden_sizes": [64, 128, 256, 512]},
+    "revnet50": {"block_type": "bottleneck", "depths": [3, 4, 6, 3], "hidden_sizes": [256, 512, 1024, 2048]},
+    "revnet101": {"block_type": "bottleneck", "depths": [3, 4, 23, 3], "hidden_sizes": [256, 512, 1024, 2048]},
+}
+
+
+class RevNetConfig(PretrainedConfig):
+    r"""Configuration of a two-stream reversible ResNet.
+
+    Args:
+        block_type: `"basic"` (two 3x3 convolutions) or `"bottleneck"` (1x1, 3x3, 1x1 with a 4x narrower middle).
+        depths: number of blocks in each layer.
+        hidden_sizes: width of *each of the two streams* in each layer (the ResNet width).
+        embedding_size: width of each stream leaving the stem.
+        stem: `"cifar"` (conv3x3 stride 1, no pooling) or `"imagenet"` (conv7x7 stride 2 and a 3x3 max-pool).
+        num_channels: channels of the input images.
+        downsampling: `"buffered"` (the paper: the first block of a layer that changes shape is not reversible and
+            its stage keeps its input) or `"invertible"` (pixel-unshuffle then a reversible coupling, so every block
+            is reversible; each stride-2 transition multiplies the stream width by 4, as in i-RevNet).
+        layer_strides: stride of the first block of each layer; defaults to 1 for the first layer and 2 after.
+    """
+
+    model_type = "revnet"
+
+    def __init__(
+        self,
+        block_type: str = "basic",
+        depths: list[int] | None = None,
+        hidden_sizes: list[int] | None = None,
+        embedding_size: int = 64,
+        stem: str = "cifar",
+        num_channels: int = 3,
+        downsampling: str = "buffered",
+        layer_strides: list[int] | None = None,
+        batch_norm_eps: float = 1e-5,
+        batch_norm_momentum: float = 0.1,
+        initializer_range: float = 0.01,
+        **kwargs,
+    ):
+        self.block_type = block_type
+        self.depths = list(depths) if depths is not None else [2, 2, 2, 2]
+        self.hidden_sizes = list(hidden_sizes) if hidden_sizes is not None else [64, 128, 256, 512]
+        self.embedding_size = embedding_size
+        self.stem = stem
+        self.num_channels = num_channels
+        self.downsampling = downsampling
+        if layer_strides is None:
+            layer_strides = [1] + [2] * (len(self.depths) - 1)
+        self.layer_strides = list(layer_strides)
+        self.batch_norm_eps = batch_norm_eps
+        self.batch_norm_momentum = batch_norm_momentum
+        self.initializer_range = initializer_range
+        super().__init__(**kwargs)
+        self.validate_architecture()
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> "RevNetConfig":
+        """Build the configuration of a named paper model, e.g. `from_preset("revnet18", stem="cifar", num_labels=10)`."""
+        key = name.lower().replace("-", "").replace("_", "")
+        if key not in PRESETS:
+            raise ValueError(f"Unknown RevNet preset {name!r}; expected one of {sorted(PRESETS)}.")
+        arguments = {**PRESETS[key], **overrides}
+        return cls(**arguments)
+
+    def validate_architecture(self) -> None:
+        """Raise a ValueError naming the first inconsistent field."""
+
+        def check(condition: bool, message: str) -> None:
+            if not condition:
+                raise ValueError(f"Invalid RevNetConfig: {message}")
+
+        check(self.block_type in BLOCK_TYPES, f"block_type must be one of {BLOCK_TYPES}, got {self.block_type!r}")
+        check(self.stem in STEMS, f"stem must be one of {STEMS}, got {self.stem!r}")
+        check(
+            self.downsampling in DOWNSAMPLINGS,
+            f"downsampling must be one of {DOWNSAMPLINGS}, got {self.downsampling!r}",
+        )
+        check(len(self.depths) > 0, "depths must name at least one layer")
+        check(
+            len(self.hidden_sizes) == len(self.depths) == len(self.layer_strides),
+            f"depths ({len(self.depths)}), hidden_sizes ({len(self.hidden_sizes)}) and layer_strides "
+            f"({len(self.layer_strides)}) must have one entry per layer",
+        )
+        check(all(isinstance(d, int) and d >= 1 for d in self.depths), f"depths must be positive, got {self.depths}")
+        check(
+            all(isinstance(w, int) and w >= 1 for w in self.hidden_sizes),
+            f"hidden_sizes must be positive integers, got {self.hidden_sizes}",
+        )
+        check(all(s in (1, 2) for s in self.layer_strides), f"layer_strides must be 1 or 2, got {self.layer_strides}")
+        if self.block_type == "bottleneck":
+            check(
+                all(w % 4 == 0 for w in self.hidden_sizes),
+                f"bottleneck blocks need hidden_sizes divisible by 4, got {self.hidden_sizes}",
+            )
+        check(self.embedding_size >= 1, f"embedding_size must be positive, got {self.embedding_size}")
+        check(self.num_channels >= 1, f"num_channels must be positive, got {self.num_channels}")
+        check(self.num_labels >= 1, f"num_labels must be positive, got {self.num_labels}")
+
+    @property
+    def downsampling_factor(self) -> int:
+        """How much the spatial size shrinks from the input to the last layer."""
+        factor = 4 if self.stem == "imagenet" else 1
+        for stride in self.layer_strides:
+            factor *= stride
+        return factor

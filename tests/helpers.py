@@ -1,0 +1,45 @@
+"""Small models and inputs shared by the tests."""
+
+from __future__ import annotations
+
+import torch
+
+from petra_hub import RevNetConfig, RevNetForImageClassification
+
+SMALL_WIDTHS = {"basic": [4, 8, 8, 8], "bottleneck": [8, 8, 16, 16]}
+
+
+def small_config(preset: str = "revnet18", **overrides) -> RevNetConfig:
+    block_type = RevNetConfig.from_preset(preset).block_type
+    arguments = {"hidden_sizes": SMALL_WIDTHS[block_type], "embedding_size": 4, "num_labels": 10, **overrides}
+    return RevNetConfig.from_preset(preset, **arguments)
+
+
+def input_size(config: RevNetConfig) -> int:
+    return max(8, config.downsampling_factor)
+
+
+def small_model(preset: str = "revnet18", dtype=torch.float64, seed: int = 0, **overrides):
+    torch.manual_seed(seed)
+    model = RevNetForImageClassification(small_config(preset, **overrides)).to(dtype)
+    return model
+
+
+def random_images(config: RevNetConfig, batch: int = 4, dtype=torch.float64, seed: int = 1) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    size = input_size(config)
+    return torch.randn(batch, config.num_channels, size, size, generator=generator, dtype=dtype)
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    actual, expected = actual.detach(), expected.detach()
+    return float((actual - expected).norm() / expected.norm().clamp_min(1e-300))
+
+
+# Stage layouts of the paper's table (S stem, R reversible, D non-reversible downsampling, H head).
+PAPER_LAYOUTS = {
+    "revnet18": "SRRDRDRDRH",
+    "revnet34": "SRRRDRRRDRRRRRDRRH",
+    "revnet50": "SDRRDRRRDRRRRRDRRH",
+    "revnet101": "SDRRD" + "R" * 3 + "D" + "R" * 22 + "DRRH",
+}
