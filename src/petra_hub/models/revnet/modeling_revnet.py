@@ -281,7 +281,7 @@ class RevNetModel(RevNetPreTrainedModel):
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
-        return_dict = return_dict if return_dict is not None else self.config.use_return_dict
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
         self.check_pixel_values(pixel_values)
         streams = self.embedder(pixel_values)
         hidden_states = [torch.cat(streams, dim=1)] if output_hidden_states else None
@@ -334,7 +334,7 @@ class RevNetForImageClassification(RevNetPreTrainedModel):
         return_dict: bool | None = None,
         **kwargs,
     ) -> ImageClassifierOutputWithNoAttention | tuple:
-        return_dict = return_dict if return_dict is not None else self.config.use_return_dict
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.revnet(pixel_values, output_hidden_states=output_hidden_states, return_dict=True)
         logits = self.classifier(outputs.pooler_output.flatten(1))
         loss = self.compute_loss(logits, labels) if labels is not None else None

@@ -1,0 +1,128 @@
+"""Point-to-point messages between neighbouring pipeline ranks over torch.distributed, with timeouts.
+
+Every message is one flat buffer: the tensors of an activation (and its gradient) concatenated. Both sides know
+from the schedule which messages flow at each tick and from the start-up handshake what shape they have, so no
+headers travel. Every wait is bounded: a dead or stalled peer becomes a PeerFailureError naming both ranks.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .errors import PeerFailureError
+from .tensors import Activation, as_tuple
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """The per-sample shape and dtype of one tensor of an activation."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    def numel(self, batch: int) -> int:
+        return batch * math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class ActivationSpec:
+    tensors: tuple[TensorSpec, ...]
+    is_tuple: bool
+
+    @classmethod
+    def of(cls, value: Activation) -> "ActivationSpec":
+        specs = tuple(TensorSpec(tuple(t.shape[1:]), t.dtype) for t in as_tuple(value))
+        return cls(specs, isinstance(value, tuple))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.tensors[0].dtype
+
+    def numel(self, batch: int) -> int:
+        return sum(t.numel(batch) for t in self.tensors)
+
+    def unflatten(self, flat: torch.Tensor, batch: int) -> Activation:
+        parts, offset = [], 0
+        for spec in self.tensors:
+            count = spec.numel(batch)
+            parts.append(flat[offset : offset + count].view(batch, *spec.shape))
+            offset += count
+        return tuple(parts) if self.is_tuple else parts[0]
+
+    def describe(self) -> str:
+        shapes = ", ".join(f"[B, {', '.join(map(str, t.shape))}] {str(t.dtype).replace('torch.', '')}" for t in self.tensors)
+        return f"({shapes})" if self.is_tuple else shapes
+
+
+def flatten(values: list[Activation | None]) -> torch.Tensor:
+    """One contiguous buffer holding every tensor of `values` (skipping None)."""
+    tensors = [t.reshape(-1) for value in values if value is not None for t in as_tuple(value)]
+    return torch.cat(tensors) if len(tensors) > 1 else tensors[0].contiguous()
+
+
+@dataclass
+class Outgoing:
+    peer: int
+    tag: int
+    buffer: torch.Tensor
+
+
+@dataclass
+class Incoming:
+    peer: int
+    tag: int
+    numel: int
+    dtype: torch.dtype
+    what: str  # for error messages
+
+
+class NeighbourTransport:
+    """Sends and receives the flat messages of one tick with the neighbouring ranks."""
+
+    def __init__(
+        self,
+        global_ranks: list[int],
+        group: dist.ProcessGroup | None,
+        timeout: float,
+        describe: Callable[[int], str],
+        device: torch.device,
+    ):
+        self.global_ranks = global_ranks  # pipeline position -> global rank
+        self.group = group
+        self.timeout = datetime.timedelta(seconds=timeout)
+        self.describe = describe
+        self.device = device
+
+    def exchange(self, position: int, outgoing: list[Outgoing], incoming: list[Incoming], tick: int) -> list[torch.Tensor]:
+        buffers = [torch.empty(m.numel, dtype=m.dtype, device=self.device) for m in incoming]
+        works = []
+        # Receives first, then sends, in a fixed order: every rank posts the same pattern.
+        for message, buffer in zip(incoming, buffers):
+            works.append((message, dist.irecv(buffer, src=self.global_ranks[message.peer], group=self.group, tag=message.tag)))
+        for message in outgoing:
+            works.append((message, dist.isend(message.buffer, dst=self.global_ranks[message.peer], group=self.group, tag=message.tag)))
+        for message, work in works:
+            self._wait(position, message, work, tick)
+        return buffers
+
+    def _wait(self, position: int, message, work, tick: int) -> None:
+        action = f"receive {message.what} from" if isinstance(message, Incoming) else "send to"
+        try:
+            completed = work.wait(self.timeout)
+        except Exception as error:  # gloo raises when the peer's connection closes
+            raise self._failure(position, message.peer, action, tick, f"{type(error).__name__}: {error}") from error
+        if completed is False:
+            raise self._failure(position, message.peer, action, tick, "timed out")
+
+    def _failure(self, position: int, peer: int, action: str, tick: int, reason: str) -> PeerFailureError:
+        seconds = self.timeout.total_seconds()
+        return PeerFailureError(
+            f"{self.describe(position)} could not {action} {self.describe(peer)} at tick {tick} within "
+            f"{seconds:g}s: the peer process died, stalled or failed ({reason})"
+        )

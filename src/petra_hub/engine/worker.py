@@ -1,0 +1,252 @@
+"""One stage's side of PETRA (the paper's Algorithm 1): forward, delayed backward, accumulation and update."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..batchnorm import frozen_running_stats
+from .errors import PipelineError
+from .memory import MemoryStats
+from .modes import Mode
+from .tensors import Activation, as_tuple, detached, like, nbytes
+
+UpdateHook = Callable[[int, list[int], nn.Module], None]
+
+
+@dataclass
+class StageCounters:
+    forwards: int = 0
+    backwards: int = 0
+    updates: int = 0
+    last_backward: int = -1  # micro-batches are backpropagated in order, each exactly once
+
+
+@dataclass
+class _Pending:
+    """What a stage keeps between the forward and the backward of one micro-batch."""
+
+    inputs: Activation | None = None  # stored input (non-reversible stages, input-buffer modes)
+    outputs: Activation | None = None  # output with its graph (backprop)
+    saved: list[torch.Tensor] = field(default_factory=list)  # tensors the graph saved (backprop)
+    weights: list[torch.Tensor] | None = None  # stashed weights (weight-stashing modes)
+
+    def tensors(self) -> list[torch.Tensor]:
+        held = list(self.saved)
+        for value in (self.inputs, self.outputs):
+            if value is not None:
+                held.extend(as_tuple(value))
+        return held
+
+
+@contextlib.contextmanager
+def _weights(params: list[nn.Parameter], values: list[torch.Tensor] | None) -> Iterator[None]:
+    """Temporarily run with `values` as the parameters' data (weight stashing)."""
+    if values is None:
+        yield
+        return
+    current = [p.data for p in params]
+    for param, value in zip(params, values):
+        param.data = value
+    try:
+        yield
+    finally:
+        for param, value in zip(params, current):
+            param.data = value
+
+
+class StageWorker:
+    """Owns one stage: what it keeps for pending backwards, its gradient accumulation, optimizer and counters.
+
+    Batch-norm policy: every training-time evaluation normalises with batch statistics; running statistics are
+    updated once per micro-batch, by the evaluation whose graph is backpropagated (the recomputation in the
+    backward, or the forward itself in `backprop` mode and at the last stage).
+    """
+
+    def __init__(
+        self,
+        index: int,
+        stage: nn.Module,
+        *,
+        mode: Mode,
+        num_stages: int,
+        accumulation_steps: int = 1,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+        on_update: UpdateHook | None = None,
+        reduce_gradients: Callable[[list[nn.Parameter]], None] | None = None,
+    ):
+        if accumulation_steps < 1:
+            raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
+        self.index = index
+        self.stage = stage
+        self.mode = mode
+        self.is_first = index == 0
+        self.is_last = index == num_stages - 1
+        self.reconstructs = mode.reconstructs and bool(getattr(stage, "reversible", False))
+        if self.reconstructs and not (hasattr(stage, "inverse") and hasattr(stage, "reconstruct_and_backward")):
+            raise ValueError(f"stage {index} is marked reversible but lacks inverse / reconstruct_and_backward")
+        self.accumulation_steps = accumulation_steps
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.on_update = on_update
+        self.reduce_gradients = reduce_gradients
+        self.params = [p for p in stage.parameters() if p.requires_grad]
+        self.counters = StageCounters()
+        self.group: list[int] = []  # micro-batches whose gradients are accumulated and not yet applied
+        self._pending: dict[int, _Pending] = {}
+        self._peak = 0
+
+    # -- the two halves of a tick ---------------------------------------------------------------------------------
+    def forward(self, micro_batch: int, inputs: Activation) -> Activation:
+        pending = _Pending()
+        if self.mode.stashes_weights:
+            pending.weights = [p.detach().clone() for p in self.params]
+        if self.mode.keeps_graph:
+            leaves = detached(inputs, requires_grad=not self.is_first)
+            record = _recorder(pending.saved, exclude=self.params)
+            with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(record, _identity):
+                outputs = self.stage(leaves)
+            pending.inputs, pending.outputs = leaves, outputs
+            outputs = detached(outputs)
+        else:
+            with torch.no_grad(), frozen_running_stats(self.stage):
+                outputs = self.stage(inputs)
+            if not self.reconstructs:
+                pending.inputs = detached(inputs)
+        self._pending[micro_batch] = pending
+        self.counters.forwards += 1
+        self._track_peak()
+        return outputs
+
+    def backward(
+        self, micro_batch: int, grad_outputs: Activation, outputs: Activation | None = None
+    ) -> tuple[Activation | None, Activation | None]:
+        """Backpropagate one micro-batch. `outputs` (this stage's output, sent back by the next stage) is needed
+        only when the stage reconstructs its input. Returns (input, gradient of the input); the input is what
+        the previous stage receives back, None at the first stage."""
+        pending = self._take(micro_batch)
+        if self.reconstructs:
+            if outputs is None:
+                raise PipelineError(f"stage {self.index} reconstructs its input but received no output to invert")
+            if pending.weights is None:
+                inputs, grad_inputs = self.stage.reconstruct_and_backward(outputs, grad_outputs)
+            else:
+                with torch.no_grad(), frozen_running_stats(self.stage):
+                    inputs = self.stage.inverse(outputs)
+                grad_inputs = self._recompute_and_backward(inputs, grad_outputs, pending.weights)
+        elif self.mode.keeps_graph:
+            torch.autograd.backward(as_tuple(pending.outputs), as_tuple(grad_outputs))
+            inputs, grad_inputs = pending.inputs, self._leaf_grads(pending.inputs)
+        else:
+            inputs = pending.inputs
+            grad_inputs = self._recompute_and_backward(inputs, grad_outputs, pending.weights)
+        self._count_backward(micro_batch)
+        if self.is_first:
+            return None, None
+        return detached(inputs), grad_inputs
+
+    def forward_backward_last(
+        self, micro_batch: int, inputs: Activation, targets, loss_fn: Callable
+    ) -> tuple[torch.Tensor, Activation | None, Activation | None]:
+        """The last stage: forward, loss and backward in one tick. Returns (loss, input, gradient of input)."""
+        self.counters.forwards += 1
+        leaves = detached(inputs, requires_grad=not self.is_first)
+        with torch.enable_grad():
+            loss = loss_fn(self.stage(leaves), targets)
+            loss.backward()
+        self._count_backward(micro_batch)
+        if self.is_first:
+            return loss.detach(), None, None
+        return loss.detach(), detached(leaves), self._leaf_grads(leaves)
+
+    # -- updates ----------------------------------------------------------------------------------------------------
+    def maybe_update(self, flush: bool = False) -> bool:
+        """Apply the accumulated gradient when k micro-batches are in (or, with `flush`, when any are)."""
+        if len(self.group) < self.accumulation_steps and not (flush and self.group):
+            return False
+        scale = 1.0 / len(self.group)
+        for param in self.params:
+            if param.grad is not None:
+                param.grad.mul_(scale)
+        if self.reduce_gradients is not None:
+            self.reduce_gradients(self.params)
+        if self.on_update is not None:
+            self.on_update(self.index, list(self.group), self.stage)
+        if self.optimizer is not None:
+            self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        for param in self.params:
+            param.grad = None
+        self.group.clear()
+        self.counters.updates += 1
+        return True
+
+    # -- accounting -------------------------------------------------------------------------------------------------
+    @property
+    def in_flight(self) -> list[int]:
+        """Micro-batches forwarded here and not yet backpropagated (the FIFO)."""
+        return list(self._pending)
+
+    def memory(self) -> MemoryStats:
+        activations = nbytes(t for p in self._pending.values() for t in p.tensors())
+        stash = nbytes(w for p in self._pending.values() if p.weights is not None for w in p.weights)
+        gradients = nbytes(p.grad for p in self.params if p.grad is not None)
+        stats = MemoryStats(activations, stash, gradients)
+        self._peak = max(self._peak, stats.total_bytes)
+        stats.peak_bytes = self._peak
+        return stats
+
+    def reset_peak(self) -> None:
+        self._peak = 0
+
+    # -- helpers ----------------------------------------------------------------------------------------------------
+    def _take(self, micro_batch: int) -> _Pending:
+        if micro_batch not in self._pending:
+            raise PipelineError(f"stage {self.index} has no forward record of micro-batch {micro_batch}")
+        return self._pending.pop(micro_batch)
+
+    def _count_backward(self, micro_batch: int) -> None:
+        if micro_batch != self.counters.last_backward + 1:
+            raise PipelineError(
+                f"stage {self.index} backpropagated micro-batch {micro_batch} after {self.counters.last_backward}"
+            )
+        self.counters.last_backward = micro_batch
+        self.counters.backwards += 1
+        self.group.append(micro_batch)
+        self._track_peak()
+
+    def _recompute_and_backward(self, inputs, grad_outputs, weights) -> Activation | None:
+        leaves = detached(inputs, requires_grad=not self.is_first)
+        with _weights(self.params, weights), torch.enable_grad():
+            outputs = self.stage(leaves)
+            torch.autograd.backward(as_tuple(outputs), as_tuple(grad_outputs))
+        return None if self.is_first else self._leaf_grads(leaves)
+
+    @staticmethod
+    def _leaf_grads(leaves: Activation) -> Activation:
+        return like(leaves, tuple(t.grad if t.grad is not None else torch.zeros_like(t) for t in as_tuple(leaves)))
+
+    def _track_peak(self) -> None:
+        self.memory()
+
+
+def _recorder(saved: list[torch.Tensor], exclude: list[nn.Parameter]):
+    """A saved-tensors pack hook that records the activations autograd keeps (not the weights)."""
+    weights = {p.untyped_storage().data_ptr() for p in exclude}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.untyped_storage().data_ptr() not in weights:
+            saved.append(tensor)
+        return tensor
+
+    return pack
+
+
+def _identity(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
