@@ -1,0 +1,140 @@
+"""The multi-process runner against the one-process simulator, and failure handling (gloo, CPU)."""
+
+import copy
+import os
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from petra_hub.engine import Pipeline
+from tests.helpers import random_images, small_model
+from tests.multiprocess import run_ranks
+
+NUM_MICRO_BATCHES = 7
+
+
+def micro_batches(config, count=NUM_MICRO_BATCHES):
+    batches = []
+    for index in range(count):
+        images = random_images(config, batch=4, dtype=torch.float32, seed=100 + index)
+        labels = torch.randint(0, config.num_labels, (4,), generator=torch.Generator().manual_seed(index))
+        batches.append((images, labels))
+    return batches
+
+
+def sgd(index, stage):
+    return torch.optim.SGD(stage.parameters(), lr=0.05, momentum=0.9, nesterov=True)
+
+
+def train(mode, accumulation_steps, partition=None, model=None):
+    """Train the reference small RevNet18 for NUM_MICRO_BATCHES micro-batches; returns the pipeline and model."""
+    model = model or small_model("revnet18", dtype=torch.float32, seed=0)
+    model.train()
+    pipeline = Pipeline(
+        model.get_stages(),
+        lambda logits, labels: F.cross_entropy(logits, labels),
+        mode=mode,
+        accumulation_steps=accumulation_steps,
+        optimizer_factory=sgd,
+        partition=partition,
+        timeout=30,
+    )
+    losses = []
+    for images, labels in micro_batches(model.config):
+        losses += pipeline.step(images, labels)
+    losses += pipeline.drain()
+    return pipeline, model, losses
+
+
+def _distributed_training(rank, world_size, mode, accumulation_steps, partition):
+    pipeline, model, losses = train(mode, accumulation_steps, partition)
+    pipeline.gather_stages(dst=0)
+    counters = {i: (c.forwards, c.backwards, c.updates) for i, c in pipeline.counters().items()}
+    return {
+        "state": {k: v.clone() for k, v in model.state_dict().items()} if rank == 0 else None,
+        "losses": [(b, float(loss)) for b, loss in losses],
+        "counters": counters,
+    }
+
+
+CASES = [
+    pytest.param(2, "petra", 2, None, id="2ranks-petra-k2"),
+    pytest.param(3, "petra", 1, [2, 5, 3], id="3ranks-petra-grouped"),
+    pytest.param(2, "delayed", 3, [6, 4], id="2ranks-delayed-k3"),
+]
+
+
+@pytest.mark.parametrize("world_size,mode,k,partition", CASES)
+def test_multiprocess_is_bit_identical_to_one_process(tmp_path, world_size, mode, k, partition):
+    torch.set_num_threads(1)
+    _, reference, reference_losses = train(mode, k)
+    results, codes, _started = run_ranks(
+        _distributed_training, world_size, mode, k, partition, out_dir=tmp_path, deadline=150
+    )
+    for rank, result in enumerate(results):
+        assert result is not None and "error" not in result, (rank, result and result.get("traceback"))
+    assert codes == [0] * world_size
+    state = results[0]["value"]["state"]
+    expected = reference.state_dict()
+    assert state.keys() == expected.keys()
+    for name, value in expected.items():
+        assert torch.equal(state[name], value), name
+    losses = [loss for result in results for loss in result["value"]["losses"]]
+    assert losses == [(b, float(loss)) for b, loss in reference_losses]
+    counters = {}
+    for result in results:
+        counters.update(result["value"]["counters"])
+    j = len(reference.get_stages())
+    updates = -(-NUM_MICRO_BATCHES // k)
+    assert counters == {i: (NUM_MICRO_BATCHES, NUM_MICRO_BATCHES, updates) for i in range(j)}
+
+
+class _Saboteur(torch.nn.Module):
+    """Wraps a stage; at its `after`-th forward the process dies (or stalls)."""
+
+    reversible = False
+
+    def __init__(self, stage, after, action):
+        super().__init__()
+        self.stage, self.after, self.action, self.calls = stage, after, action, 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls > self.after:
+            if self.action == "die":
+                os._exit(3)
+            time.sleep(600)
+        return self.stage(x)
+
+
+def _training_with_failure(rank, world_size, victim_stage, action, timeout):
+    model = small_model("revnet18", dtype=torch.float32, seed=0)
+    model.train()
+    stages = model.get_stages()
+    # The handshake runs one dry forward; the failure happens a few ticks into training.
+    stages[victim_stage] = _Saboteur(stages[victim_stage], after=4, action=action)
+    pipeline = Pipeline(stages, lambda o, t: F.cross_entropy(o, t), mode="petra", optimizer_factory=sgd, timeout=timeout)
+    for images, labels in micro_batches(model.config, count=40):
+        pipeline.step(images, labels)
+    pipeline.drain()
+
+
+@pytest.mark.parametrize("action", ["die", "stall"])
+def test_dead_or_stalled_peer_becomes_a_clear_error_on_every_rank(tmp_path, action):
+    timeout = 4.0
+    results, codes, started = run_ranks(
+        _training_with_failure, 3, 9, action, timeout, out_dir=tmp_path, deadline=25
+    )
+    # Stage 9 (the head) lives on rank 2 of 3 (stages 0-3, 4-6, 7-9).
+    assert results[2] is None  # the victim never reports
+    for rank in (0, 1):
+        assert results[rank] is not None, f"rank {rank} hung"
+        error = results[rank]["error"]
+        assert error.startswith("PeerFailureError"), error
+        assert "rank" in error and "stage" in error
+    assert "rank 2 (stages 7-9)" in results[1]["error"]
+    assert codes[0] == 0 and codes[1] == 0
+    # Start-up (imports, model, handshake) takes a few seconds; the failure is detected within the timeout.
+    assert max(results[rank]["ended"] for rank in (0, 1)) - started < 30
