@@ -7,8 +7,10 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
-    package_dir={"": "src"},
-    packages=find_packages("src"),
+    # The repository's model_cards/ folder ships inside the package as petra_hub.model_cards.
+    package_dir={"": "src", "petra_hub.model_cards": "model_cards"},
+    packages=find_packages("src") + ["petra_hub.model_cards"],
+    package_data={"petra_hub.model_cards": ["*.md"]},
     python_requires=">=3.10",
     install_requires=[
         "torch>=2.4",

@@ -86,7 +86,8 @@ def test_card_metadata_and_body_round_trip(tmp_path):
     assert card.data.to_dict()["model-index"][0]["name"] == summary.model_name
 
     body = card.text
-    for needle in ("`petra`", "Pipeline stages (J) | 10", "Accumulation steps (k) | 4", "Processes | 10",
+    architecture = "RevNet-18 (revnet18): basic blocks in layers of 2/2/2/2 (8 blocks), widths 64/128/256/512 per stream"
+    for needle in (architecture, "`petra`", "Pipeline stages (J) | 10", "Accumulation steps (k) | 4", "Processes | 10",
                    "RevNet-18", "revnet18", "91.37 %", "12,211,048", "8x H100 (NCCL)", "| stem | cifar |",
                    f"| warm-up | {NOT_RECORDED} |", f'from_pretrained("{REPO_ID}")', "trust_remote_code=True",
                    'pipeline("image-classification"', "pip install petra_hub", "@inproceedings{rivaud2025petra",
@@ -156,6 +157,9 @@ def test_save_for_hub_writes_a_loadable_folder(saved):
 
     card = ModelCard.load(folder / "README.md")
     assert card.data.eval_results[0].metric_value == 0.5
+    assert "a custom RevNet (derived from revnet18)" in card.text  # the widths differ from the preset's
+    assert "widths 4/8/8/8 per stream, cifar stem, buffered downsampling" in card.text
+    assert 'from_pretrained("user/revnet-tiny")' in card.text
     assert f"{sum(p.numel() for p in model.parameters()):,}" in card.text  # counted from the model
 
 

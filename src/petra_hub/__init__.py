@@ -19,4 +19,6 @@ def _register_auto_classes() -> None:
 
 _register_auto_classes()
 
+from . import timm_models  # noqa: E402,F401  registers revnet18..revnet101 with timm when timm imports
+
 __all__ = ["RevNetConfig", "RevNetForImageClassification", "RevNetModel", "RevNetPreTrainedModel", "__version__"]

@@ -47,8 +47,8 @@ _MODE_DESCRIPTIONS = {
     "with its current weights.",
     "weight_stash": "pipelined with delayed gradients; reversible stages recompute their inputs by inversion and "
     "the weights of the forward pass are stashed for the backward pass.",
-    "petra": "the PETRA method: pipelined with delayed gradients; reversible stages recompute their inputs by inversion "
-    "with their current weights, so they keep neither activations nor weight copies (the stem, the "
+    "petra": "the PETRA method: pipelined with delayed gradients; reversible stages recompute their inputs by "
+    "inversion with their current weights, so they keep neither activations nor weight copies (the stem, the "
     "shape-changing blocks and the head keep their inputs).",
 }
 
@@ -104,6 +104,7 @@ class TrainingSummary:
                 raise ValueError(f"TrainingSummary.{name} must be positive or None, got {value!r}")
         if not isinstance(self.extra, dict):
             raise ValueError(f"TrainingSummary.extra must be a dict, got {type(self.extra).__name__}")
+        _canonical_mode(self.mode)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -125,7 +126,7 @@ def _text(value: Any) -> str:
 def _parameters_text(count: int | None) -> str:
     if count is None:
         return NOT_RECORDED
-    return f"{count:,} ({count / 1e6:.1f} M)"
+    return f"{count:,} ({count / 1e6:.1f} M)" if count >= 100_000 else f"{count:,}"
 
 
 def _accuracy_text(accuracy: float | None) -> str:
@@ -151,23 +152,30 @@ def _known_dataset_info(name: str):
         return None
 
 
-def _architecture(preset: str | None) -> tuple[str, str]:
-    """(short name, one-line description) of a preset."""
+def _architecture(preset: str | None, config=None) -> tuple[str, str]:
+    """(short name, one-line description) of the architecture: from `config` when given, else from the preset."""
     from .models.revnet.configuration_revnet import PRESETS
 
-    if preset is None:
-        return "a custom RevNet", "custom RevNet configuration (see `config.json`)"
-    key = preset.lower().replace("-", "").replace("_", "")
-    if key not in PRESETS:
-        return preset, f"{preset} (see `config.json`)"
-    spec = PRESETS[key]
-    depth = key.removeprefix("revnet")
-    widths = "/".join(str(w) for w in spec["hidden_sizes"])
+    key = preset.lower().replace("-", "").replace("_", "") if preset else None
+    spec = PRESETS.get(key) if key else None
+    if config is not None:
+        layout = {"block_type": config.block_type, "depths": list(config.depths),
+                  "hidden_sizes": list(config.hidden_sizes)}
+    elif spec is not None:
+        layout = spec
+    else:
+        return (preset or "a custom RevNet"), "custom RevNet configuration (see `config.json`)"
+    if spec is not None and all(layout[name] == spec[name] for name in spec):
+        name = f"RevNet-{key.removeprefix('revnet')}"
+    else:
+        name = f"a custom RevNet (derived from {preset})" if preset else "a custom RevNet"
     description = (
-        f"RevNet-{depth} ({key}): {spec['block_type']} blocks, {sum(spec['depths'])} blocks in layers of "
-        f"{'/'.join(str(d) for d in spec['depths'])}, stream widths {widths} (two streams each)"
+        f"{layout['block_type']} blocks in layers of {'/'.join(str(d) for d in layout['depths'])} "
+        f"({sum(layout['depths'])} blocks), widths {'/'.join(str(w) for w in layout['hidden_sizes'])} per stream"
     )
-    return f"RevNet-{depth}", description
+    if config is not None:
+        description += f", {config.stem} stem, {config.downsampling} downsampling"
+    return name, (f"{name} ({key}): {description}" if name.startswith("RevNet-") else description)
 
 
 def _input_text(info) -> str:
@@ -209,10 +217,11 @@ def card_data_for(summary: TrainingSummary) -> ModelCardData:
     )
 
 
-def _template_variables(summary: TrainingSummary, repo_id: str | None) -> dict[str, str | list]:
+def _template_variables(summary: TrainingSummary, repo_id: str | None, config=None) -> dict[str, str | list]:
     info = _known_dataset_info(summary.dataset)
     mode = _canonical_mode(summary.mode)
-    architecture_name, architecture = _architecture(summary.preset)
+    architecture_name, architecture = _architecture(summary.preset, config)
+    num_labels = config.num_labels if config is not None else (info.num_labels if info is not None else None)
     dataset_label = _DATASET_LABELS.get(summary.dataset, summary.dataset)
     if summary.dataset_id:
         dataset_label = f"{dataset_label} (`{summary.dataset_id}`)"
@@ -223,7 +232,7 @@ def _template_variables(summary: TrainingSummary, repo_id: str | None) -> dict[s
         "architecture": architecture,
         "num_parameters": _parameters_text(summary.num_parameters),
         "input_description": _input_text(info),
-        "num_labels": _text(info.num_labels if info is not None else None),
+        "num_labels": _text(num_labels),
         "mode": mode,
         "mode_description": _MODE_DESCRIPTIONS.get(mode, ""),
         "num_stages": _text(summary.num_stages),
@@ -264,15 +273,23 @@ def default_template_path() -> Path:
 
 
 def render_model_card(
-    summary: TrainingSummary, template_path: str | os.PathLike | None = None, *, repo_id: str | None = None
+    summary: TrainingSummary,
+    template_path: str | os.PathLike | None = None,
+    *,
+    repo_id: str | None = None,
+    config=None,
 ) -> ModelCard:
-    """Fill the card template with `summary`. `repo_id` only changes the loading snippets of the card."""
+    """Fill the card template with `summary`.
+
+    `repo_id` goes into the loading snippets (default "your-namespace/<model_name>"); `config` (the model's
+    RevNetConfig) makes the architecture line and the class count exact instead of read from the preset.
+    """
     summary.validate()
     path = Path(template_path) if template_path is not None else default_template_path()
     if not path.is_file():
         raise FileNotFoundError(f"model card template {str(path)!r} does not exist")
     card = ModelCard.from_template(
-        card_data_for(summary), template_path=str(path), **_template_variables(summary, repo_id)
+        card_data_for(summary), template_path=str(path), **_template_variables(summary, repo_id, config)
     )
     return card
 
@@ -283,12 +300,13 @@ def write_model_card(
     *,
     template_path: str | os.PathLike | None = None,
     repo_id: str | None = None,
+    config=None,
 ) -> Path:
     """Render the card and write it to ``folder/README.md`` (the folder is created); returns that path."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "README.md"
-    render_model_card(summary, template_path, repo_id=repo_id).save(path)
+    render_model_card(summary, template_path, repo_id=repo_id, config=config).save(path)
     return path
 
 
@@ -357,7 +375,7 @@ def save_for_hub(
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     image_processor.save_pretrained(folder)
-    write_model_card(folder, summary, template_path=template_path, repo_id=repo_id)
+    write_model_card(folder, summary, template_path=template_path, repo_id=repo_id, config=model.config)
     return folder
 
 

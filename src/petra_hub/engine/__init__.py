@@ -8,6 +8,7 @@
 """
 
 from .errors import PeerFailureError, PipelineError, StageMismatchError
+from .grouping import StageGroup, merge_stages
 from .memory import MemoryStats
 from .modes import Mode
 from .pipeline import Pipeline
@@ -25,5 +26,7 @@ __all__ = [
     "Schedule",
     "StageCounters",
     "StageMismatchError",
+    "StageGroup",
     "StageWorker",
+    "merge_stages",
 ]

@@ -31,6 +31,7 @@ class RevNetConfig(PretrainedConfig):
             its stage keeps its input) or `"invertible"` (pixel-unshuffle then a reversible coupling, so every block
             is reversible; each stride-2 transition multiplies the stream width by 4, as in i-RevNet).
         layer_strides: stride of the first block of each layer; defaults to 1 for the first layer and 2 after.
+        preset: the paper model this configuration started from (set by `from_preset`), for model cards.
     """
 
     model_type = "revnet"
@@ -45,6 +46,7 @@ class RevNetConfig(PretrainedConfig):
         num_channels: int = 3,
         downsampling: str = "buffered",
         layer_strides: list[int] | None = None,
+        preset: str | None = None,
         batch_norm_eps: float = 1e-5,
         batch_norm_momentum: float = 0.1,
         initializer_range: float = 0.01,
@@ -60,6 +62,7 @@ class RevNetConfig(PretrainedConfig):
         if layer_strides is None:
             layer_strides = [1] + [2] * (len(self.depths) - 1)
         self.layer_strides = list(layer_strides)
+        self.preset = preset
         self.batch_norm_eps = batch_norm_eps
         self.batch_norm_momentum = batch_norm_momentum
         self.initializer_range = initializer_range
@@ -72,7 +75,7 @@ class RevNetConfig(PretrainedConfig):
         key = name.lower().replace("-", "").replace("_", "")
         if key not in PRESETS:
             raise ValueError(f"Unknown RevNet preset {name!r}; expected one of {sorted(PRESETS)}.")
-        arguments = {**PRESETS[key], **overrides}
+        arguments = {**PRESETS[key], "preset": key, **overrides}
         return cls(**arguments)
 
     def validate_architecture(self) -> None:

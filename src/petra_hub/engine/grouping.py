@@ -1,0 +1,43 @@
+"""Coarser pipelines: several consecutive stages fused into one (fewer, longer stages; less delay)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .placement import Placement
+from .tensors import Activation
+
+
+class StageGroup(nn.Module):
+    """Consecutive stages run as one. Reversible when all of them are: the inverse runs the inverses backwards,
+    and the fused backward chains each member's fused backward from the last to the first."""
+
+    def __init__(self, stages: list[nn.Module]):
+        super().__init__()
+        self.members = nn.ModuleList(stages)
+        self.reversible = all(getattr(stage, "reversible", False) for stage in stages)
+
+    def forward(self, x: Activation) -> Activation:
+        for stage in self.members:
+            x = stage(x)
+        return x
+
+    def inverse(self, y: Activation) -> Activation:
+        for stage in reversed(self.members):
+            y = stage.inverse(y)
+        return y
+
+    def reconstruct_and_backward(self, y: Activation, grad_y: Activation) -> tuple[Activation, Activation]:
+        for stage in reversed(self.members):
+            y, grad_y = stage.reconstruct_and_backward(y, grad_y)
+        return y, grad_y
+
+
+def merge_stages(stages: list[nn.Module], num_stages: int) -> list[nn.Module]:
+    """Group `stages` into `num_stages` contiguous, evenly sized stages (unchanged when the counts agree)."""
+    if num_stages == len(stages):
+        return list(stages)
+    if not 1 <= num_stages <= len(stages):
+        raise ValueError(f"cannot make {num_stages} pipeline stages out of {len(stages)} model stages")
+    groups = Placement.balanced(len(stages), num_stages).groups
+    return [stages[g.start] if len(g) == 1 else StageGroup([stages[i] for i in g]) for g in groups]
