@@ -17,7 +17,7 @@ import yaml
 from transformers import HfArgumentParser, set_seed
 
 from petra_hub import RevNetConfig, RevNetForImageClassification
-from petra_hub.data import collate_image_batch, image_processor_for, load_image_dataset
+from petra_hub.data import collate_image_batch, image_processor_for, load_image_dataset, take
 from petra_hub.trainer import PetraTrainer, PetraTrainingArguments
 
 
@@ -35,6 +35,8 @@ class DataArguments:
     dataset: str = field(default="digits", metadata={"help": "digits, cifar10, cifar100, imagenet32 or imagenet"})
     data_dir: str | None = field(default=None, metadata={"help": "local files of the data set"})
     hub_id: str | None = field(default=None, metadata={"help": "a Hub data set id instead of local files"})
+    max_train_samples: int | None = field(default=None, metadata={"help": "use only the first N training images"})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "use only the first N test images"})
 
 
 DEFAULTS = dict(
@@ -91,12 +93,13 @@ def accuracy(prediction) -> dict[str, float]:
     return {"accuracy": float((np.argmax(prediction.predictions, axis=-1) == prediction.label_ids).mean())}
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
-    model_args, data_args, training_args = parse(sys.argv[1:] if argv is None else argv)
+def run(argv: list[str]) -> tuple[PetraTrainer, dict[str, float]]:
+    """Train, evaluate, save (and push when asked); returns the trainer and the final test metrics."""
+    model_args, data_args, training_args = parse(argv)
     set_seed(training_args.seed)  # the same initial weights on every rank
     source = {"data_dir": data_args.data_dir, "hub_id": data_args.hub_id} if data_args.dataset != "digits" else {}
-    train = load_image_dataset(data_args.dataset, "train", seed=training_args.seed, **source)
-    test = load_image_dataset(data_args.dataset, "test", **source)
+    train = take(load_image_dataset(data_args.dataset, "train", seed=training_args.seed, **source), data_args.max_train_samples)
+    test = take(load_image_dataset(data_args.dataset, "test", **source), data_args.max_eval_samples)
     model = build_model(model_args, train.info)
     trainer = PetraTrainer(
         model=model,
@@ -114,7 +117,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         trainer.push_to_hub()
     if trainer.is_world_process_zero():
         print(f"final test accuracy {metrics.get('eval_accuracy', float('nan')):.4f}; model saved to {training_args.output_dir}")
-    return metrics
+    return trainer, metrics
+
+
+def main() -> None:
+    run(sys.argv[1:])
 
 
 if __name__ == "__main__":

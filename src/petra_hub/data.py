@@ -330,6 +330,36 @@ class _ImageDataset(Dataset):
                 f"size={len(self)}, augment={self.augment}, seed={self.seed})")
 
 
+class _Head(Dataset):
+    """The first ``count`` items of a data set, keeping its ``info``, ``labels`` and ``set_epoch``."""
+
+    def __init__(self, dataset: _ImageDataset, count: int):
+        self.dataset = dataset
+        self.count = min(count, len(dataset))
+        self.info = dataset.info
+        self.labels = dataset.labels[: self.count]
+
+    def __len__(self) -> int:
+        return self.count
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+
+    def __getitem__(self, index) -> dict[str, Any]:
+        if not -self.count <= index < self.count:
+            raise IndexError(f"index {index} out of range for a data set of {self.count} items")
+        return self.dataset[index % self.count]
+
+
+def take(dataset: Dataset, count: int | None) -> Dataset:
+    """At most ``count`` items of ``dataset`` (all of them for None), e.g. for quick runs and tests."""
+    if count is None or count >= len(dataset):
+        return dataset
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    return _Head(dataset, count)
+
+
 # --------------------------------------------------------------------------------------
 # digits
 

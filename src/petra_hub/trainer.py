@@ -183,6 +183,11 @@ class PetraTrainer(Trainer):
     def _check_first_batch(self, loader: DataLoader) -> None:
         """Fail before any work if the data does not fit the model (shape, channels, labels)."""
         sample = loader.dataset[0]
+        if not isinstance(sample, dict) or not {"pixel_values", "labels"} <= set(sample):
+            keys = sorted(sample) if isinstance(sample, dict) else type(sample).__name__
+            raise ValueError(f"each sample must be a dict with 'pixel_values' and 'labels', got {keys}")
+        if not torch.is_tensor(sample["pixel_values"]) or sample["pixel_values"].dim() != 3:
+            raise ValueError("'pixel_values' must be an image tensor [channels, height, width] (apply the data set's transform)")
         batch = self.data_collator([sample])
         pixel_values, labels = self._split_batch(batch)
         check = getattr(getattr(self.model, "revnet", None), "check_pixel_values", None)
@@ -326,7 +331,10 @@ class PetraTrainer(Trainer):
                 self._micro_batches_fed += 1
                 self._group_fill += 1
                 self.state.epoch = self._micro_batches_fed / per_epoch
-                if self._group_fill == k:
+                if self._micro_batches_fed >= total:
+                    # Drain before the last step's callbacks so its log holds the last losses.
+                    self._record(self.pipeline.drain(), 0)
+                if self._group_fill == k or self._micro_batches_fed >= total:
                     self._finish_step(trial, ignore_keys_for_eval)
                 if self.control.should_training_stop or self.control.should_epoch_stop or self._micro_batches_fed >= total:
                     break
@@ -358,8 +366,15 @@ class PetraTrainer(Trainer):
         """A global step: k more micro-batches fed (or a partial group applied by a drain)."""
         self._group_fill = 0
         self.state.global_step += 1
-        loss_sum, count, nan_micro_batches = self._reduce_step_losses()
-        if nan_micro_batches:
+        self._close_window()
+        self.control = self.callback_handler.on_step_end(self.args, self.state, self.control)
+        self._log_save_evaluate(trial, ignore_keys_for_eval)
+
+    def _close_window(self) -> None:
+        """Move the losses the last stage produced since the last call into the log window, on every rank;
+        stop on a NaN. Called at the same points on every rank (it is a collective)."""
+        loss_sum, count, bad = self._reduce_step_losses()
+        if bad:
             raise FloatingPointError(
                 f"loss is NaN or infinite at global step {self.state.global_step} (computed by the last stage, "
                 f"stage {len(self.stages) - 1}); stopping before anything else is saved"
@@ -368,8 +383,6 @@ class PetraTrainer(Trainer):
         self._log_window[1] += count
         self._log_window[2] += self._window[2]
         self._window = [0.0, 0, 0]
-        self.control = self.callback_handler.on_step_end(self.args, self.state, self.control)
-        self._log_save_evaluate(trial, ignore_keys_for_eval)
 
     def _reduce_step_losses(self) -> tuple[float, int, int]:
         """The last stage's losses of this step, known to every rank (one small collective per step)."""
@@ -422,6 +435,8 @@ class PetraTrainer(Trainer):
         self._record(self.pipeline.drain(), 0)
         if self._group_fill:
             self._finish_step()
+        else:
+            self._close_window()
 
     # -- evaluation ---------------------------------------------------------------------------------------------------
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
