@@ -44,10 +44,10 @@ def _entry(rank, world_size, port, function, args, out_dir, pg_timeout):
         dist.destroy_process_group()
 
 
-def run_ranks(function, world_size: int, *args, out_dir, deadline: float = 120.0, pg_timeout: float = 60.0):
+def run_ranks(function, world_size: int, *args, out_dir, deadline: float = 120.0, pg_timeout: float = 60.0, expendable=()):
     """Start `function(rank, world_size, *args)` on `world_size` processes; returns (results, exit codes, start
     time). Each result holds "value" or "error", and "ended" (time.time()). Processes still alive at the deadline
-    are killed (exit code None)."""
+    are killed (exit code None); so are the `expendable` ranks as soon as all the others have ended."""
     context = mp.get_context("spawn")
     port = free_port()
     processes = [
@@ -58,8 +58,9 @@ def run_ranks(function, world_size: int, *args, out_dir, deadline: float = 120.0
     start = time.monotonic()
     for process in processes:
         process.start()
-    for process in processes:
-        process.join(max(0.1, deadline - (time.monotonic() - start)))
+    for rank, process in enumerate(processes):
+        if rank not in expendable:
+            process.join(max(0.1, deadline - (time.monotonic() - start)))
     codes = []
     for process in processes:
         if process.is_alive():
