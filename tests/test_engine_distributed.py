@@ -142,3 +142,42 @@ def test_dead_or_stalled_peer_becomes_a_clear_error_on_every_rank(tmp_path, acti
     # Each hop detects the failure within one timeout (a death is usually seen at once: the connection closes).
     failed_at = float(open(clock_file).read())
     assert max(results[rank]["ended"] for rank in (0, 1)) - failed_at < 3 * timeout + 5
+
+
+def _data_parallel_training(rank, world_size):
+    """Two pipeline replicas of two ranks each (W = P x D = 2 x 2)."""
+    import torch.distributed as dist
+
+    results = {}
+    for name, shift in (("same_data", 0), ("own_data", rank // 2)):
+        model = small_model("revnet18", dtype=torch.float32, seed=0)
+        model.train()
+        pipeline = Pipeline(model.get_stages(), lambda o, t: F.cross_entropy(o, t), mode="petra",
+                            accumulation_steps=2, optimizer_factory=sgd, data_parallel_size=2, timeout=30)
+        for images, labels in micro_batches(model.config, count=NUM_MICRO_BATCHES + shift)[shift:]:
+            pipeline.step(images, labels)
+        pipeline.drain()
+        pipeline.gather_stages(dst=0)
+        results[name] = {k: v.clone() for k, v in model.state_dict().items()} if pipeline.rank == 0 else None
+        results[name + "_replica"] = pipeline.replica
+    dist.barrier()
+    return results
+
+
+def test_data_parallel_replicas_average_their_gradients(tmp_path):
+    torch.set_num_threads(1)
+    _, reference, _ = train("petra", 2)
+    results, codes, _ = run_ranks(_data_parallel_training, 4, out_dir=tmp_path, deadline=200)
+    for rank, result in enumerate(results):
+        assert result is not None and "error" not in result, (rank, result and result.get("traceback"))
+    first, second = results[0]["value"], results[2]["value"]
+    assert (first["same_data_replica"], second["same_data_replica"]) == (0, 1)
+    # Identical micro-batches on both replicas: averaging identical gradients changes nothing.
+    for name, value in reference.state_dict().items():
+        assert torch.equal(first["same_data"][name], value), name
+        assert torch.equal(second["same_data"][name], value), name
+    # Different micro-batches: the replicas stay identical to each other (parameters by gradient averaging, running
+    # statistics averaged at the drain) and differ from one replica alone.
+    assert all(torch.equal(first["own_data"][k], second["own_data"][k]) for k in first["own_data"])
+    weight = "revnet.embedder.layers.0.weight"
+    assert not torch.equal(first["own_data"][weight], reference.state_dict()[weight])

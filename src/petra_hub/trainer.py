@@ -64,6 +64,10 @@ class PetraTrainingArguments(TrainingArguments):
         metadata={"help": "Epochs at which the LR is multiplied by petra_lr_gamma, e.g. '150,225' (after warm-up)."},
     )
     petra_lr_gamma: float = field(default=0.1, metadata={"help": "LR factor at each milestone."})
+    petra_data_parallel: int = field(
+        default=1,
+        metadata={"help": "D pipeline replicas over the W = P x D processes; each replica reads its own share."},
+    )
     petra_timeout: float = field(
         default=120.0, metadata={"help": "Seconds before a dead or stalled peer process becomes an error."}
     )
@@ -74,6 +78,8 @@ class PetraTrainingArguments(TrainingArguments):
             raise ValueError(f"gradient_accumulation_steps (k) must be >= 1, got {self.gradient_accumulation_steps}")
         if self.petra_timeout <= 0:
             raise ValueError(f"petra_timeout must be positive, got {self.petra_timeout}")
+        if self.petra_data_parallel < 1:
+            raise ValueError(f"petra_data_parallel must be >= 1, got {self.petra_data_parallel}")
         if self.petra_num_stages is not None and self.petra_num_stages < 1:
             raise ValueError(f"petra_num_stages must be >= 1, got {self.petra_num_stages}")
         self.partition_sizes()  # validates the format
@@ -101,10 +107,12 @@ class PetraTrainingArguments(TrainingArguments):
 
 
 class EpochSampler(Sampler[int]):
-    """The same order on every rank: a permutation seeded by (seed, epoch), optionally starting mid-epoch."""
+    """The same order on every rank of a pipeline: a permutation seeded by (seed, epoch), optionally starting
+    mid-epoch. With several pipeline replicas, replica d reads every D-th index of it (equal shares)."""
 
-    def __init__(self, size: int, seed: int, shuffle: bool = True):
+    def __init__(self, size: int, seed: int, shuffle: bool = True, replica: int = 0, replicas: int = 1):
         self.size, self.seed, self.shuffle = size, seed, shuffle
+        self.replica, self.replicas = replica, replicas
         self.epoch, self.start = 0, 0
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
@@ -115,10 +123,11 @@ class EpochSampler(Sampler[int]):
             order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch))
         else:
             order = torch.arange(self.size)
-        return iter(order[self.start :].tolist())
+        share = order[self.replica :: self.replicas][: self.size // self.replicas]
+        return iter(share[self.start :].tolist())
 
     def __len__(self) -> int:
-        return self.size - self.start
+        return self.size // self.replicas - self.start
 
 
 class PetraTrainer(Trainer):
@@ -135,11 +144,16 @@ class PetraTrainer(Trainer):
         super().__init__(model, args, *positional, **kwargs)
         self.stages = merge_stages(model.get_stages(), args.petra_num_stages or len(model.get_stages()))
         world = dist.get_world_size() if dist.is_initialized() else 1
-        if world > len(self.stages):
+        replicas = args.petra_data_parallel
+        if world % replicas:
+            raise ValueError(f"{world} processes cannot form petra_data_parallel={replicas} equal pipeline replicas")
+        if world // replicas > len(self.stages):
             raise ValueError(
-                f"{world} processes for {len(self.stages)} pipeline stages: launch at most {len(self.stages)} "
-                "processes (accelerate launch --num_processes) or raise petra_num_stages"
+                f"{world // replicas} processes for {len(self.stages)} pipeline stages: launch at most "
+                f"{len(self.stages) * replicas} processes (accelerate launch --num_processes), raise "
+                "petra_num_stages or petra_data_parallel"
             )
+        self.replica = (dist.get_rank() if dist.is_initialized() else 0) // (world // replicas)
         self.pipeline: Pipeline | None = None
         self._inference: Pipeline | None = None
         self._micro_batches_fed = 0
@@ -154,7 +168,7 @@ class PetraTrainer(Trainer):
         if self.train_dataset is None:
             raise ValueError("PetraTrainer.train() needs a train_dataset")
         seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
-        sampler = EpochSampler(len(self.train_dataset), seed)
+        sampler = EpochSampler(len(self.train_dataset), seed, replica=self.replica, replicas=self.args.petra_data_parallel)
         return self._plain_loader(self.train_dataset, self.args.per_device_train_batch_size, sampler)
 
     def get_eval_dataloader(self, eval_dataset=None) -> DataLoader:
@@ -248,6 +262,7 @@ class PetraTrainer(Trainer):
             optimizer_factory=self._make_optimizer,
             scheduler_factory=self._make_scheduler(max_steps, steps_per_epoch),
             partition=self.args.partition_sizes(),
+            data_parallel_size=self.args.petra_data_parallel,
             device=self.args.device,
             timeout=self.args.petra_timeout,
         )
@@ -261,6 +276,7 @@ class PetraTrainer(Trainer):
                 self._loss,
                 mode=self.args.petra_mode,
                 partition=self.args.partition_sizes(),
+                data_parallel_size=self.args.petra_data_parallel,
                 device=self.args.device,
                 timeout=self.args.petra_timeout,
             )
@@ -360,7 +376,7 @@ class PetraTrainer(Trainer):
             value = float(loss)
             self._window[0] += value
             self._window[1] += 1
-        self._window[2] += batch_size
+        self._window[2] += batch_size * self.args.petra_data_parallel
 
     def _finish_step(self, trial=None, ignore_keys_for_eval=None) -> None:
         """A global step: k more micro-batches fed (or a partial group applied by a drain)."""
@@ -464,7 +480,8 @@ class PetraTrainer(Trainer):
                     metrics[key if key.startswith(f"{metric_key_prefix}_") else f"{metric_key_prefix}_{key}"] = value
         if dist.is_initialized() and dist.get_world_size() > 1:
             holder = [metrics]
-            dist.broadcast_object_list(holder, src=pipeline.placement.groups.__len__() - 1)
+            # The last stage of replica 0 sits on global rank P - 1.
+            dist.broadcast_object_list(holder, src=len(pipeline.placement.groups) - 1)
             metrics = holder[0]
         metrics.update(speed_metrics(metric_key_prefix, start, num_samples=seen, num_steps=len(loader)))
         metrics = {k: (float(v) if isinstance(v, (np.floating, np.integer)) else v) for k, v in metrics.items()}
@@ -496,7 +513,7 @@ class PetraTrainer(Trainer):
         output_dir = os.path.join(run_dir, f"checkpoint-{self.state.global_step}")
         self.save_model(output_dir, _internal_call=True)
         os.makedirs(output_dir, exist_ok=True)
-        for index, worker in self.pipeline.workers.items():
+        for index, worker in self.pipeline.workers.items() if self.replica == 0 else ():
             state = {
                 "optimizer": worker.optimizer.state_dict() if worker.optimizer else None,
                 "scheduler": worker.scheduler.state_dict() if worker.scheduler else None,

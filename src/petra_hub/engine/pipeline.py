@@ -48,6 +48,8 @@ class Pipeline:
             before the optimizer step (tests and gradient-fidelity benchmarks read gradients here).
         distributed: run over the default (or given) process group; defaults to "a group of size > 1 exists".
         partition: number of stages per rank (contiguous); defaults to an even split.
+        data_parallel_size: D pipeline replicas over W = P x D ranks (replica d = ranks d*P .. d*P+P-1); each is
+            fed its own micro-batches and the D copies of a stage average their gradients before every update.
         timeout: seconds to wait for a neighbour before raising `PeerFailureError`.
 
     Every rank calls `step` with the same micro-batches in the same order (rank 0 uses the inputs, the rank of
@@ -67,6 +69,7 @@ class Pipeline:
         distributed: bool | None = None,
         group: dist.ProcessGroup | None = None,
         partition: list[int] | None = None,
+        data_parallel_size: int = 1,
         device: torch.device | str | None = None,
         timeout: float = 120.0,
     ):
@@ -87,6 +90,10 @@ class Pipeline:
         if distributed is None:
             distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
         self.distributed = distributed
+        self.data_parallel_size = data_parallel_size
+        self.replica, self.replica_group = 0, None
+        if data_parallel_size != 1:
+            group = self._split_replicas(group, data_parallel_size)
         world = dist.get_world_size(group) if distributed else 1
         self.rank = dist.get_rank(group) if distributed else 0
         self.group = group
@@ -120,6 +127,7 @@ class Pipeline:
                 optimizer=optimizer,
                 scheduler=scheduler,
                 on_update=on_update,
+                reduce_gradients=self._average_over_replicas if self.replica_group is not None else None,
             )
         self._reconstructs = [self.mode.reconstructs and bool(getattr(s, "reversible", False)) for s in self.stages]
 
@@ -132,6 +140,44 @@ class Pipeline:
         self._mail: dict[tuple[int, str], dict[int, Any]] = defaultdict(dict)
         self._input_spec: ActivationSpec | None = None
         self._specs: dict[int, ActivationSpec] = {}  # output spec of stage i, for the boundaries this rank touches
+
+    def _split_replicas(self, group, replicas: int) -> dist.ProcessGroup:
+        """W = P x D ranks: replica d holds pipeline ranks d*P .. d*P+P-1. Returns this rank's pipeline group and
+        sets the group of the D ranks that run the same stages (their gradients are averaged before each update)."""
+        if replicas < 1:
+            raise ValueError(f"data_parallel_size must be >= 1, got {replicas}")
+        if not self.distributed or group is not None:
+            raise ValueError("data parallelism needs the default torch.distributed process group")
+        world, rank = dist.get_world_size(), dist.get_rank()
+        if world % replicas:
+            raise ValueError(f"{world} processes cannot form {replicas} equal pipeline replicas")
+        size = world // replicas
+        self.replica = rank // size
+        pipelines = [dist.new_group(list(range(d * size, (d + 1) * size))) for d in range(replicas)]
+        peers = [dist.new_group(list(range(p, world, size))) for p in range(size)]
+        self.replica_group = peers[rank % size]
+        return pipelines[self.replica]
+
+    def _average_over_replicas(self, params: list[nn.Parameter]) -> None:
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.replica_group)
+        flat /= self.data_parallel_size
+        offset = 0
+        for grad in grads:
+            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+            offset += grad.numel()
+
+    def _average_buffers_over_replicas(self) -> None:
+        """Replicas see different data, so their batch-norm running statistics differ: after a drain (before any
+        evaluation or save) every replica takes their average, so all replicas hold the same model."""
+        for index in self.local:
+            buffers = [b for b in self.stages[index].buffers() if b.is_floating_point()]
+            for buffer in buffers:
+                dist.all_reduce(buffer, group=self.replica_group)
+                buffer /= self.data_parallel_size
 
     # -- public API ---------------------------------------------------------------------------------------------------
     @property
@@ -171,6 +217,8 @@ class Pipeline:
                 losses.extend(self._run_tick())
         for worker in self.workers.values():
             worker.maybe_update(flush=True)
+        if self.replica_group is not None:
+            self._average_buffers_over_replicas()
         self._origin = (self.tick, self.fed)
         leftovers = [key for key, box in self._mail.items() if box] + list(self._inputs) + list(self._targets)
         if leftovers or any(w.in_flight for w in self.workers.values()):
@@ -206,12 +254,13 @@ class Pipeline:
                 self.stages[index].train(training)
 
     def gather_stages(self, dst: int = 0) -> None:
-        """Copy every stage's trained parameters and buffers onto rank `dst`'s stage modules (for saving)."""
+        """Copy every stage's trained parameters and buffers onto the stage modules of pipeline rank `dst` (in
+        every replica; replicas are identical), for saving."""
         if not self.distributed:
             return
         local = {i: {k: v.detach().cpu() for k, v in self.stages[i].state_dict().items()} for i in self.local}
         gathered = [None] * dist.get_world_size(self.group) if self.rank == dst else None
-        dist.gather_object(local, gathered, dst=dst, group=self.group)
+        dist.gather_object(local, gathered, dst=self._global_rank(dst), group=self.group)
         if self.rank == dst:
             for states in gathered:
                 for index, state in states.items():
