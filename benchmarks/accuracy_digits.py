@@ -70,6 +70,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--configs", nargs="+", type=config_name, default=None, help=f"default: {' '.join(DEFAULT_CONFIGS)}")
     parser.add_argument("--seeds", nargs="+", type=int, default=None, help="default 0 1 2 (quick: 0)")
     parser.add_argument("--epochs", type=float, default=None, help="default 12 (quick: 1)")
+    parser.add_argument(
+        "--num-stages", type=int, default=None, help="pipeline stages J (--petra_num_stages); default: the model's 10"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     parser.add_argument("--quick", action="store_true", help="1 seed, 1 epoch: a smoke test of the script")
     parser.add_argument("--verbose", action="store_true", help="show the Trainer's own log lines of every run")
@@ -83,8 +86,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def recipe_argv(mode: str, k: int, seed: int, epochs: float, output_dir: str) -> list[str]:
-    return [
+def recipe_argv(mode: str, k: int, seed: int, epochs: float, output_dir: str, num_stages: int | None = None) -> list[str]:
+    stages = ["--petra_num_stages", str(num_stages)] if num_stages else []
+    return stages + [
         "--output_dir", output_dir,
         "--petra_mode", mode,
         "--gradient_accumulation_steps", str(k),
@@ -102,9 +106,10 @@ def recipe_argv(mode: str, k: int, seed: int, epochs: float, output_dir: str) ->
     ]  # fmt: skip
 
 
-def one_run(run, mode: str, k: int, seed: int, epochs: float, workdir: str, verbose: bool = False) -> dict:
+def one_run(run, mode: str, k: int, seed: int, epochs: float, workdir: str, verbose: bool = False,
+            num_stages: int | None = None) -> dict:
     output_dir = tempfile.mkdtemp(prefix=f"{mode}-k{k}-s{seed}-", dir=workdir)
-    argv = recipe_argv(mode, k, seed, epochs, output_dir)
+    argv = recipe_argv(mode, k, seed, epochs, output_dir, num_stages)
     start = time.perf_counter()
     if verbose:
         trainer, metrics = run(argv)
@@ -124,6 +129,7 @@ def one_run(run, mode: str, k: int, seed: int, epochs: float, workdir: str, verb
         "k": k,
         "seed": seed,
         "epochs": epochs,
+        "num_stages": len(trainer.stages),
         "learning_rate": trainer._learning_rate(),
         "optimizer_steps": trainer.state.global_step,
         "test_accuracy": metrics["eval_accuracy"],
@@ -197,7 +203,7 @@ def main(argv=None) -> None:
     plan = [(name, *parse_config(name), seed) for seed in args.seeds for name in args.configs]
     print(
         f"# {len(args.configs)} configurations x {len(args.seeds)} seeds, {args.epochs:g} epochs, micro-batch {MICRO_BATCH}, "
-        f"lr = {BASE_LR} * {MICRO_BATCH} * k / 256; torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
+        f"lr = {BASE_LR} * {MICRO_BATCH} * k / 256, J = {args.num_stages or 'model default'}; torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
@@ -205,7 +211,7 @@ def main(argv=None) -> None:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="petra-accuracy-") as workdir:
         for index, (name, mode, k, seed) in enumerate(plan, 1):
-            r = one_run(run, mode, k, seed, args.epochs, workdir, args.verbose)
+            r = one_run(run, mode, k, seed, args.epochs, workdir, args.verbose, args.num_stages)
             runs.append(r)
             print(
                 f"[{index}/{len(plan)}] {name:20s} seed {seed}: test accuracy {100 * r['test_accuracy']:.2f} %, "
@@ -225,6 +231,7 @@ def main(argv=None) -> None:
                 "configs": args.configs,
                 "seeds": args.seeds,
                 "epochs": args.epochs,
+                "num_stages": runs[0]["num_stages"] if runs else None,
                 "micro_batch": MICRO_BATCH,
                 "base_learning_rate": BASE_LR,
                 "petra_scale_lr": True,

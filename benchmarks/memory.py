@@ -8,10 +8,14 @@ counted belongs to a tensor the engine keeps alive.
     PYTHONPATH=src OMP_NUM_THREADS=2 python benchmarks/memory.py                  # the documented run
     PYTHONPATH=src python benchmarks/memory.py --fast --models revnet18           # seconds, tiny widths
 
-Buffers of stored inputs and graphs are exactly linear in the micro-batch size, so the run measures at a small
-micro-batch (`--batch`, default 1) and scales activation bytes to `--scale-to` (default 64, the paper's micro-batch);
-a linearity check measures the first model at two micro-batch sizes and prints the ratio. Weight copies do not
-depend on the batch and are never scaled.
+Every stored input and graph tensor has a size proportional to the micro-batch and, when the image side is a
+multiple of 32 (the total downsampling of the ImageNet models), to the image area. A 224x224 run of 6 models x 6
+modes x 35 micro-batches takes far longer than a 2-core CPU allows, so the run measures at a small micro-batch
+(`--batch`, default 2) and image side (`--image-size`, default 64) and scales activation bytes to `--scale-to`
+(default 64, the paper's micro-batch) and `--report-size` (default 224). Two checks print the ratios that justify
+the scaling: the first model measured at two micro-batch sizes, and at the measured and the reported image side.
+Weight copies and model bytes depend on neither and are never scaled. (Micro-batch 1 is avoided on purpose: at
+batch 1 the stem's two output streams are views of one storage, which inflates the bytes counted downstream.)
 
 Synchronous modes (`backprop`, `reversible_backprop`) hold nothing between ticks: for them the table reports what a
 stage holds between its forward and its backward for one micro-batch, read from the worker's `peak_bytes`. The
@@ -223,43 +227,50 @@ def totals_table(results: dict[str, ModeResult], params: int, scale: float) -> t
 
 
 def per_stage_table(results: dict[str, ModeResult], scale: float) -> str:
+    """Per stage: activations (scaled) plus weight stash, in GB, one column per configuration."""
     names = list(results)
     first = results[names[0]].stages
-    header = ["stage", "kind", "in flight"] + [f"{n} (MB)" for n in names]
+    header = ["stage", "kind", "in flight"] + [f"{n} (GB)" for n in names]
     rows = []
     for i, stage in enumerate(first):
         in_flight = next((results[n].stages[i].in_flight for n in names if Mode(n).pipelined), 0)
-        rows.append(
-            [str(i), stage.kind, str(in_flight)] + [f"{results[n].stages[i].buffer_bytes(scale) / MB:,.1f}" for n in names]
-        )
-    rows.append(["all", "", ""] + [f"{sum(s.buffer_bytes(scale) for s in results[n].stages) / MB:,.1f}" for n in names])
+        cells = [f"{results[n].stages[i].buffer_bytes(scale) / GB:.3f}" for n in names]
+        rows.append([str(i), stage.kind, str(in_flight)] + cells)
+    rows.append(["all", "", ""] + [f"{sum(s.buffer_bytes(scale) for s in results[n].stages) / GB:.2f}" for n in names])
     return markdown_table(header, rows, "llr" + "r" * len(names))
 
 
-def linearity_check(model, modes, batches: tuple[int, int], image_size: int, label: str) -> tuple[str, dict]:
-    """Measure at two micro-batch sizes; stored inputs must grow exactly with the batch, graphs nearly so."""
-    small, large = (measure_all(model, modes, b, image_size, f"{label} b={b}") for b in batches)
+def scaling_check(
+    model, modes, settings: list[tuple[int, int]], expected: float, label: str
+) -> tuple[str, dict]:
+    """Measure at two (micro-batch, image side) settings and compare the activation bytes with `expected`."""
+    (b1, s1), (b2, s2) = settings
+    first = measure_all(model, modes, b1, s1, f"{label} b={b1} {s1}x{s1}")
+    second = measure_all(model, modes, b2, s2, f"{label} b={b2} {s2}x{s2}")
     rows, summary = [], {}
-    for name in small:
-        a, b = small[name].activation_bytes(), large[name].activation_bytes()
-        stage_ratios = [
-            s2.activation_bytes / s1.activation_bytes
-            for s1, s2 in zip(small[name].stages, large[name].stages)
-            if s1.activation_bytes
+    for name in first:
+        a, b = first[name].activation_bytes(), second[name].activation_bytes()
+        ratios = [
+            y.activation_bytes / x.activation_bytes
+            for x, y in zip(first[name].stages, second[name].stages)
+            if x.activation_bytes
         ]
-        stash_same = small[name].stash_bytes() == large[name].stash_bytes()
+        stash_same = first[name].stash_bytes() == second[name].stash_bytes()
         ratio = b / a if a else float("nan")
-        spread = f"{min(stage_ratios):.4f} .. {max(stage_ratios):.4f}" if stage_ratios else "-"
+        spread = f"{min(ratios):.4f} .. {max(ratios):.4f}" if ratios else "-"
         rows.append([name, f"{a:,}", f"{b:,}", f"{ratio:.4f}", spread, "yes" if stash_same else "NO"])
-        summary[name] = {"bytes": [a, b], "ratio": ratio, "stash_unchanged": stash_same}
-    header = ["configuration", f"activations at b={batches[0]} (B)", f"at b={batches[1]} (B)", "ratio",
-              "per-stage ratios", "stash unchanged"]
+        summary[name] = {"bytes": [a, b], "ratio": ratio, "stage_ratios": ratios, "stash_unchanged": stash_same}
+    header = [
+        "configuration", f"activations, b={b1} {s1}x{s1} (bytes)", f"b={b2} {s2}x{s2} (bytes)",
+        f"ratio (expected {expected:.4f})", "per-stage ratios", "stash unchanged",
+    ]
     return markdown_table(header, rows, "lrrrrl"), summary
 
 
-def depth_study(depths, widths, downsamplings, batch, image_size, scale) -> tuple[str, dict]:
-    """Max per-stage and total buffer bytes against J, for every buffer configuration."""
+def depth_study(depths, widths, downsamplings, batch, scale_to) -> tuple[str, dict]:
+    """Largest per-stage and total buffer bytes against J, for every buffer configuration (CIFAR stem, 32x32)."""
     out, summary = [], {}
+    scale = scale_to / batch
     for downsampling in downsamplings:
         rows = []
         for depth in depths:
@@ -269,7 +280,7 @@ def depth_study(depths, widths, downsamplings, batch, image_size, scale) -> tupl
             )
             model = build(config)
             J = len(model.get_stages())
-            results = measure_all(model, BUFFER_MODES, batch, image_size, f"J={J} {downsampling}")
+            results = measure_all(model, BUFFER_MODES, batch, 32, f"J={J} {downsampling}")
             row = [str(J), stage_kinds(model.get_stages())]
             for name, result in results.items():
                 per_stage = [s.buffer_bytes(scale) for s in result.stages]
@@ -285,31 +296,42 @@ def depth_study(depths, widths, downsamplings, batch, image_size, scale) -> tupl
             gc.collect()
         header = ["J", "layout"]
         for mode in BUFFER_MODES:
-            header += [f"{mode.value} max stage (MB)", f"{mode.value} total (MB)"]
+            header += [f"{mode.value}: largest stage (MB)", f"{mode.value}: all stages (MB)"]
         out.append(f"**{downsampling} downsampling**\n\n" + markdown_table(header, rows, "ll" + "r" * 8))
     return "\n\n".join(out), summary
 
 
-def table6_counterpart(presets, batch, scale_to, fast) -> tuple[str, dict]:
+def table6_counterpart(presets, batch, fast) -> tuple[str, dict]:
     """PETRA per stage on CIFAR-10 (32x32, 10 labels), buffered downsampling, scaled to micro-batch 256."""
-    out, summary = [], {}
+    results, kinds = {}, None
     for preset in presets:
         config = model_config(preset, "buffered", fast)
         if not fast:
             config = RevNetConfig.from_preset(preset, stem="cifar", num_labels=10, downsampling="buffered")
         model = build(config)
-        result = measure(model, Mode.PETRA, batch, 32)
-        log(f"  table 6 {preset} petra {result.micro_batches} micro-batches in {result.seconds:.1f} s")
-        scale = scale_to / batch
-        rows = [
-            [str(s.index), s.kind, str(s.in_flight), f"{s.activation_bytes * scale / GB:.3f}"] for s in result.stages
-        ]
-        summary[preset] = [s.activation_bytes * scale / GB for s in result.stages]
-        out.append(f"**{preset}** (CIFAR stem, PETRA, micro-batch {scale_to})\n\n"
-                   + markdown_table(["stage", "kind", "in flight", "buffer (GB)"], rows, "llrr"))
+        results[preset] = measure(model, Mode.PETRA, batch, 32)
+        log(f"  table 6 {preset} petra {results[preset].micro_batches} micro-batches in "
+            f"{results[preset].seconds:.1f} s")
         del model
         gc.collect()
-    return "\n\n".join(out), summary
+    scale = 256 / batch
+    depth = max(len(r.stages) for r in results.values())
+    header = ["stage"]
+    for preset in presets:
+        header += [f"{preset} kind", f"{preset} in flight", f"{preset} buffer (GB)"]
+    rows = []
+    for i in range(depth):
+        row = [str(i)]
+        for preset in presets:
+            stages = results[preset].stages
+            if i < len(stages):
+                s = stages[i]
+                row += [s.kind, str(s.in_flight), f"{s.activation_bytes * scale / GB:.3f}"]
+            else:
+                row += ["", "", ""]
+        rows.append(row)
+    summary = {p: [s.activation_bytes * scale / GB for s in r.stages] for p, r in results.items()}
+    return markdown_table(header, rows, "l" + "lrr" * len(presets)), summary
 
 
 # -- main -----------------------------------------------------------------------------------------------------------------
@@ -318,36 +340,54 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--models", nargs="+", default=["revnet18", "revnet34", "revnet50"])
     parser.add_argument("--downsampling", nargs="+", default=DOWNSAMPLINGS, choices=DOWNSAMPLINGS)
     parser.add_argument("--modes", nargs="+", default=[m.value for m in ALL_MODES], choices=[m.value for m in Mode])
-    parser.add_argument("--batch", type=int, default=None, help="measured micro-batch (default 1; 2 with --fast)")
+    parser.add_argument("--batch", type=int, default=2, help="measured micro-batch (default 2)")
     parser.add_argument("--scale-to", type=int, default=64, help="micro-batch the activation bytes are scaled to")
-    parser.add_argument("--image-size", type=int, default=None, help="default 224 (32 with --fast)")
+    parser.add_argument("--image-size", type=int, default=None, help="measured image side (default 64; 32 --fast)")
+    parser.add_argument("--report-size", type=int, default=None, help="image side reported (default 224; 32 --fast)")
     parser.add_argument("--fast", action="store_true", help="tiny widths, CIFAR stem, 32x32 images (smoke test)")
-    parser.add_argument("--no-linearity", action="store_true", help="skip the two-batch-size check")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: OMP_NUM_THREADS; 1 --fast)")
+    parser.add_argument("--no-checks", action="store_true", help="skip the micro-batch and image-size scaling checks")
     parser.add_argument("--no-depth-study", action="store_true", help="skip memory against J")
     parser.add_argument("--no-table6", action="store_true", help="skip the CIFAR per-stage counterpart of Table 6")
     parser.add_argument("--json", help="also write every number to this JSON file")
     args = parser.parse_args(argv)
-    if args.batch is None:
-        args.batch = 2 if args.fast else 1
     if args.image_size is None:
-        args.image_size = 32 if args.fast else 224
+        args.image_size = 32 if args.fast else 64
+    if args.report_size is None:
+        args.report_size = 32 if args.fast else 224
+    if args.threads is None and args.fast:
+        args.threads = 1
+    for side in (args.image_size, args.report_size):
+        if side % 32:
+            parser.error(f"image sides must be multiples of 32 for bytes to scale exactly with the area, got {side}")
+    if args.batch < 2:
+        parser.error("--batch must be >= 2 (at batch 1 the stem's two streams share one storage)")
     return args
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     started = time.perf_counter()
     modes = [Mode(m) for m in args.modes]
-    scale = args.scale_to / args.batch
+    batch_scale = args.scale_to / args.batch
+    area_scale = (args.report_size / args.image_size) ** 2
+    scale = batch_scale * area_scale
     report: dict = {"settings": {**vars(args), "torch": torch.__version__, "threads": torch.get_num_threads()}}
+    command = " ".join(["python benchmarks/memory.py", *(sys.argv[1:] if argv is None else argv)])
     print("# PETRA memory benchmark: live buffers (paper Tables 3 and 6)\n")
-    stem = "CIFAR stem, tiny widths (--fast)" if args.fast else "ImageNet stem, 1000 labels"
+    stem = "CIFAR stem, 10 labels, tiny widths (--fast)" if args.fast else "ImageNet stem, 1000 labels"
     print(
-        f"Measured at micro-batch {args.batch}, {args.image_size}x{args.image_size} images, {stem}, float32. "
-        f"Activation bytes (stored inputs, autograd graphs) are scaled x{scale:g} to micro-batch {args.scale_to}; "
-        "weight stash and model bytes are not scaled. Buffers are read after 2(J-1)+1 micro-batches, before "
-        "draining. `backprop` / `reversible_backprop` are synchronous: their rows give what a stage holds between "
-        "its forward and its backward for one micro-batch (peak). GB = 1e9 bytes, MB = 1e6 bytes.\n"
+        f"`{command}`, torch {torch.__version__}, {torch.get_num_threads()} threads.\n\n"
+        f"Models: {stem}, float32. Measured at micro-batch {args.batch} and {args.image_size}x{args.image_size} "
+        f"images; activation bytes (stored inputs, autograd graphs) scaled x{scale:g} "
+        f"(= {args.scale_to}/{args.batch} x ({args.report_size}/{args.image_size})^2) to micro-batch "
+        f"{args.scale_to} at {args.report_size}x{args.report_size}; weight stash and model bytes are not scaled. "
+        "Buffers are read from `pipeline.memory()` after 2(J-1)+1 micro-batches, before draining. "
+        "`backprop` / `reversible_backprop` are synchronous: their rows give what each stage holds between its "
+        "forward and its backward for one micro-batch (its peak). Gradient accumulators and optimizer state are "
+        "not included. GB = 1e9 bytes.\n"
     )
     report["models"] = {}
     for preset in args.models:
@@ -363,7 +403,8 @@ def main(argv=None) -> dict:
             print(table + "\n")
             if preset == "revnet50" and downsampling == "buffered" and not args.fast:
                 paper = ", ".join(f"{m.value} {v}" for m, v in PAPER_TABLE3.items())
-                print(f"Paper Table 3 (analytic, stem images excluded): {paper} GB; saving 54.3%.\n")
+                print(f"Paper Table 3 (analytic model, stem images excluded; compare with the column where the stem "
+                      f"re-reads images): {paper} GB; PETRA saves 54.3%.\n")
             print(per_stage_table(results, scale) + "\n")
             report["models"][label] = {
                 "layout": stage_kinds(stages),
@@ -374,38 +415,47 @@ def main(argv=None) -> dict:
             del model, stages
             gc.collect()
 
-    if not args.no_linearity:
+    if not args.no_checks:
         preset, downsampling = args.models[0], args.downsampling[0]
         model = build(model_config(preset, downsampling, args.fast))
-        batches = (args.batch, 2 * args.batch)
-        table, summary = linearity_check(model, modes, batches, args.image_size, f"{preset} {downsampling}")
-        print(f"## Linearity in the micro-batch ({preset}, {downsampling}, {args.image_size}x{args.image_size})\n")
+        label = f"{preset} {downsampling}"
+        b, side = args.batch, args.image_size
+        table, summary = scaling_check(model, modes, [(b, side), (2 * b, side)], 2.0, label)
+        print(f"## Check: activation bytes are linear in the micro-batch ({label})\n")
         print(table + "\n")
-        report["linearity"] = summary
+        report["batch_check"] = summary
+        if args.report_size != args.image_size:
+            check_modes = [m for m in (Mode.DELAYED, Mode.PETRA, Mode.BACKPROP, Mode.REVERSIBLE_BACKPROP) if m in modes]
+            table, summary = scaling_check(
+                model, check_modes, [(b, side), (b, args.report_size)], area_scale, label
+            )
+            print(f"## Check: activation bytes scale with the image area ({label}, {side} -> {args.report_size})\n")
+            print(table + "\n")
+            report["area_check"] = summary
         del model
         gc.collect()
 
     if not args.no_depth_study:
         depths = FAST_DEPTHS if args.fast else DEPTHS
         widths = FAST_WIDTHS["basic"] if args.fast else DEPTH_WIDTHS
-        table, summary = depth_study(depths, widths, args.downsampling, args.batch, 32, scale)
-        print(f"## Growth with J (basic blocks, CIFAR stem, stream widths {widths}, 32x32, micro-batch "
+        table, summary = depth_study(depths, widths, args.downsampling, args.batch, args.scale_to)
+        print(f"## Growth with J (basic blocks, CIFAR stem, stream widths {widths}, 32x32 images, micro-batch "
               f"{args.scale_to})\n")
-        print("Each cell: largest per-stage buffer (stage index and kind in brackets), then the sum over stages; "
-              "activations plus weight stash, model excluded.\n")
+        print("Each cell: the largest per-stage buffer (stage index and kind in brackets), then the sum over all "
+              "stages; activations plus weight stash, model excluded.\n")
         print(table + "\n")
         report["depth_study"] = summary
 
     if not args.no_table6:
         presets = [p for p in args.models if p in ("revnet18", "revnet34")] or args.models[:1]
-        table, summary = table6_counterpart(presets, args.batch, 256, args.fast)
-        print("## Counterpart of paper Table 6 (PETRA per stage, CIFAR-10, micro-batch 256, buffers only)\n")
+        table, summary = table6_counterpart(presets, args.batch, args.fast)
+        print("## Counterpart of paper Table 6 (PETRA, per stage, CIFAR-10 32x32, micro-batch 256, buffers only)\n")
         print(table + "\n")
         report["table6"] = summary
 
     elapsed = time.perf_counter() - started
     report["seconds"] = elapsed
-    print(f"Total run time: {elapsed:.0f} s with {torch.get_num_threads()} threads.")
+    print(f"Measured in {elapsed:.0f} s (after imports) with {torch.get_num_threads()} threads.")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(report, handle, indent=1)
