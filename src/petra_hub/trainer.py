@@ -446,7 +446,7 @@ class PetraTrainer(Trainer):
 
     def _drain(self) -> None:
         """Bring every stage to the same point: all micro-batches backpropagated, partial groups applied."""
-        if self.pipeline is None or self.pipeline.fed == self.pipeline._origin[1]:
+        if self.pipeline is None or not self.pipeline.undrained:
             return
         self._record(self.pipeline.drain(), 0)
         if self._group_fill:

@@ -185,6 +185,11 @@ class Pipeline:
         return len(self.stages)
 
     @property
+    def undrained(self) -> int:
+        """Micro-batches fed since the last drain (some may still be in flight)."""
+        return self.fed - self._origin[1]
+
+    @property
     def has_last_stage(self) -> bool:
         return self.num_stages - 1 in self.local
 
@@ -209,10 +214,8 @@ class Pipeline:
     def drain(self) -> list[tuple[int, torch.Tensor]]:
         """Run ticks until every micro-batch fed has been backpropagated at every stage; apply partial groups."""
         losses = []
-        start_tick, start_mb = self._origin
-        pending = self.fed - start_mb
-        if pending:
-            last_tick = start_tick + self.schedule.backward_tick(pending - 1, 0)
+        if self.undrained:
+            last_tick = self._origin[0] + self.schedule.backward_tick(self.undrained - 1, 0)
             while self.tick <= last_tick:
                 losses.extend(self._run_tick())
         for worker in self.workers.values():
