@@ -324,7 +324,8 @@ class PetraTrainer(Trainer):
         self._window = [0.0, 0, 0]
         self._log_window = [0.0, 0, 0, time.time()]
         self._initial_global_step = self.state.global_step
-        self._total_loss_scalar = 0.0
+        self._total_loss_scalar = 0.0  # sum and count of the losses logged by this train() call
+        self._losses_logged = 0
         self._tr_loss = torch.tensor(0.0)
         self._globalstep_last_logged = self.state.global_step
         start_time = time.time()
@@ -423,8 +424,6 @@ class PetraTrainer(Trainer):
             self._drain()
             self._save_checkpoint(self.model, trial)
             self.control = self.callback_handler.on_save(self.args, self.state, self.control)
-
-    _losses_logged = 0
 
     def _log_training(self, force: bool = False) -> None:
         loss_sum, count, samples, start = self._log_window
