@@ -66,8 +66,12 @@ def config_name(value: str) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--configs", nargs="+", type=config_name, default=None, help=f"default: {' '.join(DEFAULT_CONFIGS)}")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument(
+        "--configs", nargs="+", type=config_name, default=None, help=f"default: {' '.join(DEFAULT_CONFIGS)}"
+    )
     parser.add_argument("--seeds", nargs="+", type=int, default=None, help="default 0 1 2 (quick: 0)")
     parser.add_argument("--epochs", type=float, default=None, help="default 12 (quick: 1)")
     parser.add_argument(
@@ -86,7 +90,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def recipe_argv(mode: str, k: int, seed: int, epochs: float, output_dir: str, num_stages: int | None = None) -> list[str]:
+def recipe_argv(
+    mode: str, k: int, seed: int, epochs: float, output_dir: str, num_stages: int | None = None
+) -> list[str]:
     stages = ["--petra_num_stages", str(num_stages)] if num_stages else []
     return stages + [
         "--output_dir", output_dir,
@@ -175,7 +181,8 @@ def summarise(runs: list[dict], configs: list[str]) -> list[dict]:
 
 def markdown_table(rows: list[dict]) -> str:
     lines = [
-        "| configuration | mode | k | lr | optimizer steps | test accuracy % (mean ± std) | min | max | per seed | gap to backprop (pts, paired mean ± std) | s / run |",
+        "| configuration | mode | k | lr | optimizer steps | test accuracy % (mean ± std) | min | max | per seed "
+        "| gap to backprop (pts, paired mean ± std) | s / run |",
         "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in rows:
@@ -186,7 +193,8 @@ def markdown_table(rows: list[dict]) -> str:
         per_seed = ", ".join(f"{a:.2f}" for a in r["accuracies"])
         lines.append(
             f"| {r['config']} | {r['mode']} | {r['k']} | {r['learning_rate']:g} | {r['optimizer_steps']} | "
-            f"{r['mean']:.2f} ± {r['std']:.2f} | {r['min']:.2f} | {r['max']:.2f} | {per_seed} | {gap} | {r['mean_wall_s']:.0f} |"
+            f"{r['mean']:.2f} ± {r['std']:.2f} | {r['min']:.2f} | {r['max']:.2f} | {per_seed} | {gap} | "
+            f"{r['mean_wall_s']:.0f} |"
         )
     return "\n".join(lines)
 
@@ -202,8 +210,9 @@ def main(argv=None) -> None:
     run = runpy.run_path(str(RECIPE))["run"]
     plan = [(name, *parse_config(name), seed) for seed in args.seeds for name in args.configs]
     print(
-        f"# {len(args.configs)} configurations x {len(args.seeds)} seeds, {args.epochs:g} epochs, micro-batch {MICRO_BATCH}, "
-        f"lr = {BASE_LR} * {MICRO_BATCH} * k / 256, J = {args.num_stages or 'model default'}; torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
+        f"# {len(args.configs)} configurations x {len(args.seeds)} seeds, {args.epochs:g} epochs, "
+        f"micro-batch {MICRO_BATCH}, lr = {BASE_LR} * {MICRO_BATCH} * k / 256, "
+        f"J = {args.num_stages or 'model default'}; torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
