@@ -139,3 +139,12 @@ def test_fused_backward_updates_running_stats_exactly_once():
     stage.reconstruct_and_backward(y, tuple(torch.ones_like(t) for t in y))
     assert int(bn.num_batches_tracked) == 1
     torch.testing.assert_close(bn.running_mean, momentum * batch_mean, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_stem_streams_own_their_storage(batch):
+    """Found by the memory benchmark: at batch 1, chunked streams were views of one buffer."""
+    model = small_model("revnet18")
+    first, second = model.get_stages()[0](random_images(model.config, batch=batch))
+    assert first.untyped_storage().data_ptr() != second.untyped_storage().data_ptr()
+    assert first.untyped_storage().nbytes() == first.numel() * first.element_size()

@@ -77,7 +77,9 @@ class RevNetStem(nn.Module):
 
     def forward(self, pixel_values: torch.Tensor) -> Streams:
         first, second = self.layers(pixel_values).chunk(2, dim=1)
-        return first.contiguous(), second.contiguous()
+        # Own storage per stream (at batch 1 the chunks are contiguous views of one buffer): a stage that keeps
+        # one stream must not keep the other alive.
+        return first.clone(memory_format=torch.contiguous_format), second.clone(memory_format=torch.contiguous_format)
 
 
 class ReversibleBlock(nn.Module):
