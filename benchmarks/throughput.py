@@ -234,8 +234,8 @@ def one_process_job(rank, world_size, settings):
         feed(pipeline, batches, 1, step)
         for index, stats in pipeline.memory().items():
             fifo[index] = max(fifo[index], stats.activation_bytes)
+    result["stage_ms"] = [1e3 * costs[i] / count for i in range(num_stages)]  # read before the drain's ticks
     pipeline.drain()
-    result["stage_ms"] = [1e3 * costs[i] / count for i in range(num_stages)]
     result["stage_names"] = [type(s).__name__ for s in pipeline.stages]
     result["fifo_bytes"] = [fifo[i] for i in range(num_stages)]
 
@@ -352,7 +352,25 @@ def all_values(value) -> list:
     return values
 
 
-def two_process_job(rank, world_size, settings, partition):
+def bare_exchange(rank, numel: int, copies: int, repeats: int = 20) -> float:
+    """Median time of one PETRA tick's messages alone: rank 0 sends the boundary activation (numel floats) and
+    receives its gradient (with the rebuilt activation when the boundary stage is reversible: copies = 2); rank 1
+    the reverse; receives posted first, like the engine."""
+    forward, backward = torch.randn(numel), torch.randn(copies * numel)
+    receive = torch.empty(copies * numel if rank == 0 else numel)
+    peer = 1 - rank
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        works = [dist.irecv(receive, src=peer, tag=7), dist.isend(forward if rank == 0 else backward, dst=peer, tag=7)]
+        for work in works:
+            work.wait()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def two_process_job(rank, world_size, settings, partition, boundary_numel, copies):
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
     torch.manual_seed(0)
@@ -362,6 +380,7 @@ def two_process_job(rank, world_size, settings, partition):
     exchange = defaultdict(list)  # name -> per-repetition [per-rank seconds in exchanges per micro-batch]
     cpu = defaultdict(list)  # name -> per-repetition [per-rank CPU seconds per micro-batch]
     info = {"threads": torch.get_num_threads(), "world_size": dist.get_world_size(), "backend": dist.get_backend()}
+    info["bare_exchange"] = all_values(bare_exchange(rank, boundary_numel, copies))
 
     # --- engine pipelines, one per mode, each with its own copy of the model
     engines = {mode: make_pipeline(settings, mode, partition=partition) for mode in ("petra", "reversible_backprop", "backprop")}
@@ -592,6 +611,15 @@ def render(settings, machine, one, two, partition, loads) -> tuple[str, dict]:
         out(f"| {label} | {ms(median)} | {ms(low)} | {ms(high)} | {speed} | {pair(cpu_med[name])} | {ex} "
             f"| {busy[name]:.2f} |")
     out("")
+    boundary = one["output_bytes"][partition[0] - 1]
+    bare = max(two[0]["info"]["bare_exchange"])
+    headline["bare_exchange"] = bare
+    reversible_boundary = names[partition[0] - 1] == "ReversibleBlock"
+    back = "the rebuilt activation and its gradient" if reversible_boundary else "its gradient only: the boundary " \
+        "stage is not reversible, so nothing is rebuilt from it"
+    out(f"A bare exchange of one PETRA tick's boundary messages ({mib(boundary)} MiB forward, "
+        f"{mib((2 if reversible_boundary else 1) * boundary)} MiB back: {back}) takes {ms(bare)} ms (median of 20).")
+    out("")
     out("\"PETRA faster by\" = that method's median / PETRA's steady-state median. \"cores busy\" = CPU time of both "
         "ranks / wall time (2.00 = both cores computing all the time; a rank blocked in gloo uses no CPU). "
         "\"in exchange\" = time inside the engine's neighbour exchange (transfer + waiting for the other rank).")
@@ -693,7 +721,9 @@ def main(argv=None) -> None:
     loads.append(load_average())
 
     progress("part 2, two processes: PETRA, naive model parallelism, Schedule1F1B")
-    two = launch(two_process_job, 2, settings, partition)
+    boundary_numel = one["output_bytes"][partition[0] - 1] // 4  # float32 activation leaving rank 0
+    copies = 2 if one["stage_names"][partition[0] - 1] == "ReversibleBlock" else 1  # PETRA returns x with dx
+    two = launch(two_process_job, 2, settings, partition, boundary_numel, copies)
     loads.append(load_average())
     elapsed = time.time() - started
 
@@ -781,7 +811,7 @@ def write_doc(path, command, machine, settings, tables, headline, elapsed, parti
         f"frequency. We report m = {', '.join(map(str, m_list))}: m = 2 updates most often (every 2 micro-batches; "
         f"PETRA updates every micro-batch), and m = 18 = 2(J-1) keeps as many micro-batches resident in the "
         f"pipeline as PETRA does in steady state (PETRA's stem FIFO holds 18 image micro-batches, 1F1B's rank 0 "
-        f"holds the step's 18) and is the most favourable setting for 1F1B's throughput among those tried.")
+        f"holds the step's 18); it also has the smallest bubble of those tried, 1/19.")
     out("- **One process**: PETRA with all 10 stages local (`distributed=False`) against a plain loop "
         "`opt.zero_grad(); F.cross_entropy(model(x).logits, y).backward(); opt.step()` on the same model, one thread.")
     out("- **Timing**: every window starts after a `dist.barrier()`; a window's time is that of its slowest rank. "
@@ -805,9 +835,9 @@ def write_doc(path, command, machine, settings, tables, headline, elapsed, parti
         f"`reversible_backprop`: that is what the schedule delivers; the gap between it and the measured ratio is "
         f"communication, waiting and, on a shared machine, cores taken by other processes.")
     out(f"- **Where PETRA's time goes** (steady state, per micro-batch): rank 0 / rank 1 compute "
-        f"{ms(cpu[0])} / {ms(cpu[1])} ms of CPU and spend {ms(ex[0])} / {ms(ex[1])} ms in the tick's exchange. The "
-        f"less loaded rank's exchange time is mostly waiting for the other (imbalance); the more loaded rank's is "
-        f"the transfer itself (two messages per tick: the boundary activation forward; the rebuilt activation plus "
+        f"{ms(cpu[0])} / {ms(cpu[1])} ms of CPU and spend {ms(ex[0])} / {ms(ex[1])} ms in the tick's exchange. On a "
+        f"quiet machine the less loaded rank's exchange time is mostly waiting for the other (imbalance) and the "
+        f"more loaded rank's is the transfer itself (two messages per tick: the boundary activation forward; the rebuilt activation plus "
         f"its gradient backward). Both cores were busy {busy_petra:.2f} of 2 on average. The naive schedule "
         f"computes {ms(naive_cpu[0])} / {ms(naive_cpu[1])} ms per micro-batch on rank 0 / 1, one rank at a time "
         f"(cores busy {headline['busy']['reversible_backprop']:.2f}).")
