@@ -9,7 +9,7 @@ from torch import nn
 from torch.func import functional_call
 
 from petra_hub.batchnorm import batch_norms, frozen_running_stats
-from petra_hub.engine import Mode, Pipeline, Placement, Schedule, StageMismatchError
+from petra_hub.engine import Mode, Pipeline, Placement, Schedule, StageMismatchError, paper_sgd
 from tests.helpers import random_images, relative_error, small_model
 
 DELAYED_MODES = [Mode.PETRA, Mode.DELAYED, Mode.INPUT_BUFFER, Mode.WEIGHT_STASH]
@@ -292,3 +292,13 @@ def test_infer_equals_the_model_in_eval_mode():
     model.train()
     assert torch.equal(pipeline.infer(images), expected)
     assert all(stage.training for stage in model.get_stages())
+
+
+def test_paper_sgd_spares_norms_and_biases_from_weight_decay():
+    stage = small_model("revnet50").get_stages()[1]
+    optimizer = paper_sgd(stage, lr=0.1, weight_decay=1e-4)
+    decayed, spared = optimizer.param_groups
+    assert decayed["weight_decay"] == 1e-4 and spared["weight_decay"] == 0.0
+    assert all(p.dim() == 4 for p in decayed["params"]) and all(p.dim() == 1 for p in spared["params"])
+    assert len(decayed["params"]) + len(spared["params"]) == len(list(stage.parameters()))
+    assert optimizer.defaults["nesterov"] and optimizer.defaults["momentum"] == 0.9

@@ -2,6 +2,7 @@
 
 import math
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -250,3 +251,31 @@ def test_fewer_pipeline_stages(tmp_path):
     assert len(trainer.stages) == 4
     assert [s.reversible for s in trainer.stages] == [False, False, False, False]  # each group holds a D or S/H
     assert all(c.backwards == 4 for c in trainer.pipeline.counters().values())
+
+
+def test_push_to_hub_uploads_the_gathered_folder_with_its_card(tmp_path, monkeypatch):
+    from huggingface_hub import HfApi
+
+    uploads = []
+
+    def create_repo(self, repo_id, **kwargs):
+        from huggingface_hub import RepoUrl
+
+        return RepoUrl(f"https://huggingface.co/{repo_id}")
+
+    def upload_folder(self, *, repo_id, folder_path, **kwargs):
+        uploads.append((repo_id, sorted(p.name for p in Path(folder_path).iterdir()), kwargs.get("ignore_patterns")))
+        return "commit"
+
+    monkeypatch.setattr(HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
+    trainer = make_trainer(tmp_path, max_steps=2, hub_model_id="user/revnet-digits")
+    trainer.train()
+    trainer.evaluate()
+    trainer.push_to_hub()
+    (repo_id, files, ignored), = uploads
+    assert repo_id == "user/revnet-digits"
+    assert {"config.json", "model.safetensors", "preprocessor_config.json", "README.md"} <= set(files)
+    assert "checkpoint-*" in ignored
+    card = ModelCard.load(tmp_path / "README.md")
+    assert card.data.eval_results[0].metric_value == trainer._last_eval_metrics["eval_accuracy"]

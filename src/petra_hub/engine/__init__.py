@@ -11,6 +11,7 @@ from .errors import PeerFailureError, PipelineError, StageMismatchError
 from .grouping import StageGroup, merge_stages
 from .memory import MemoryStats
 from .modes import Mode
+from .optim import paper_sgd
 from .pipeline import Pipeline
 from .placement import Placement
 from .schedule import Schedule
@@ -29,4 +30,5 @@ __all__ = [
     "StageGroup",
     "StageWorker",
     "merge_stages",
+    "paper_sgd",
 ]
