@@ -30,6 +30,7 @@ from transformers.trainer_utils import EvalPrediction, TrainOutput, rotate_check
 from .data import DATASETS
 from .distributed import init_distributed
 from .engine import Mode, Pipeline, merge_stages
+from .engine.optim import weight_decay_groups
 from .hub import TrainingSummary, write_model_card
 
 HUB_DATASET_IDS = {"cifar10": "uoft-cs/cifar10", "cifar100": "uoft-cs/cifar100", "imagenet": "ILSVRC/imagenet-1k"}
@@ -227,10 +228,7 @@ class PetraTrainer(Trainer):
         """The Trainer's optimizer choice (args.optim), one per stage; no weight decay on biases and norms."""
         optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(self.args, self.model)
         kwargs = {**kwargs, "lr": self._learning_rate()}
-        decay = [p for p in stage.parameters() if p.requires_grad and p.dim() > 1]
-        no_decay = [p for p in stage.parameters() if p.requires_grad and p.dim() <= 1]
-        groups = [{"params": decay, "weight_decay": self.args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        return optimizer_cls([g for g in groups if g["params"]], **kwargs)
+        return optimizer_cls(weight_decay_groups(stage, self.args.weight_decay), **kwargs)
 
     def _make_scheduler(self, max_steps: int, steps_per_epoch: float):
         args = self.args

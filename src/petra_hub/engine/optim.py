@@ -7,8 +7,13 @@ import torch
 from torch import nn
 
 
-def paper_sgd(stage: nn.Module, lr: float, weight_decay: float = 5e-4, momentum: float = 0.9) -> torch.optim.SGD:
+def weight_decay_groups(stage: nn.Module, weight_decay: float) -> list[dict]:
+    """Parameter groups that decay weights with more than one dimension and spare norms and biases."""
     decay = [p for p in stage.parameters() if p.requires_grad and p.dim() > 1]
-    no_decay = [p for p in stage.parameters() if p.requires_grad and p.dim() <= 1]
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.SGD([g for g in groups if g["params"]], lr=lr, momentum=momentum, nesterov=True)
+    spared = [p for p in stage.parameters() if p.requires_grad and p.dim() <= 1]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": spared, "weight_decay": 0.0}]
+    return [group for group in groups if group["params"]]
+
+
+def paper_sgd(stage: nn.Module, lr: float, weight_decay: float = 5e-4, momentum: float = 0.9) -> torch.optim.SGD:
+    return torch.optim.SGD(weight_decay_groups(stage, weight_decay), lr=lr, momentum=momentum, nesterov=True)
