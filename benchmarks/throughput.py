@@ -22,7 +22,6 @@ median (min, max) over the repetitions of wall time / N, where a window's wall t
 from __future__ import annotations
 
 import argparse
-import copy
 import functools
 import math
 import os
@@ -872,7 +871,7 @@ def write_doc(path, command, machine, settings, tables, headline, elapsed, parti
         f"computes {ms(naive_cpu[0])} / {ms(naive_cpu[1])} ms per micro-batch on rank 0 / 1, one rank at a time "
         f"(cores busy {headline['busy']['reversible_backprop']:.2f}).")
     best_m = max(m_list)
-    out(f"- **PETRA against `Schedule1F1B` + checkpointing**: " + ", ".join(
+    out("- **PETRA against `Schedule1F1B` + checkpointing**: " + ", ".join(
         f"{headline['vs_1f1b'][m]:.2f}x at m = {m} (bubble ideal {(m + 1) / m:.2f}x)" for m in m_list)
         + f". Both do the same arithmetic per micro-batch; with 2 stages the only structural difference is the "
         f"bubble of each fill/drain, which shrinks as m grows, so at m = {best_m} the two should be close. PETRA's "

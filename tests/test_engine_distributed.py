@@ -1,6 +1,5 @@
 """The multi-process runner against the one-process simulator, and failure handling (gloo, CPU)."""
 
-import copy
 import os
 import time
 

@@ -1,7 +1,6 @@
 """PetraTrainer in one process: Trainer behaviour (callbacks, logs, evaluation, checkpoints, resume) and errors."""
 
 import math
-import os
 from pathlib import Path
 
 import numpy as np

@@ -1,7 +1,6 @@
 """Run under `accelerate launch`: the recipe, then rank 0 records what the trained model computes."""
 
 import json
-import os
 import runpy
 import sys
 from pathlib import Path
