@@ -550,7 +550,13 @@ class PetraTrainer(Trainer):
             path = Path(checkpoint, STAGE_STATE_PATTERN.format(index))
             if not path.exists():
                 raise FileNotFoundError(f"checkpoint {checkpoint} lacks {path.name} (optimizer state of stage {index})")
-            state = torch.load(path, map_location=self.args.device, weights_only=False)
+            try:  # never unpickle code: a checkpoint may come from someone else
+                state = torch.load(path, map_location="cpu", weights_only=True)
+            except Exception as error:
+                raise ValueError(
+                    f"cannot resume from {path}: not a readable stage state (optimizer and scheduler tensors only); "
+                    f"the checkpoint is incomplete, corrupt or unsafe ({type(error).__name__}: {error})"
+                ) from error
             if worker.optimizer is not None and state["optimizer"] is not None:
                 worker.optimizer.load_state_dict(state["optimizer"])
             if worker.scheduler is not None and state["scheduler"] is not None:
