@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from petra_hub.engine.spawn import SINGLE_THREAD_ENV, run_ranks
+from petra_hub.testing.ranks import SINGLE_THREAD_ENV, run_ranks
 
 __all__ = ["SINGLE_THREAD_ENV", "STABLE_MALLOC_ENV", "LaunchError", "launch"]
 

@@ -201,7 +201,7 @@ def as_list(value):
 def graph_bytes(module: nn.Module, inputs) -> int:
     """Activations autograd keeps for the backward of `module(inputs)` (plus its output): what a recomputation
     holds at its peak, for one micro-batch. Parameters excluded; running statistics not touched."""
-    from petra_hub.batchnorm import frozen_running_stats
+    from petra_hub.engine.batchnorm import frozen_running_stats
 
     saved = []
 

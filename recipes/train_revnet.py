@@ -18,7 +18,7 @@ from transformers import HfArgumentParser, set_seed
 
 from petra_hub import RevNetConfig, RevNetForImageClassification
 from petra_hub.data import collate_image_batch, image_processor_for, load_image_dataset, take
-from petra_hub.trainer import PetraTrainer, PetraTrainingArguments
+from petra_hub.training import PetraTrainer, PetraTrainingArguments
 
 
 @dataclass

@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from petra_hub.batchnorm import batch_norms, frozen_running_stats
+from petra_hub.engine.batchnorm import batch_norms, frozen_running_stats
 from petra_hub.engine import Mode, Pipeline, Placement, Schedule, StageMismatchError, paper_sgd
-from tests.helpers import random_images, relative_error, small_model
+from petra_hub.testing.models import random_images, relative_error, small_model
 
 DELAYED_MODES = [Mode.PETRA, Mode.DELAYED, Mode.INPUT_BUFFER, Mode.WEIGHT_STASH]
 

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from petra_hub.engine import Pipeline
-from tests.helpers import random_images, small_model
-from tests.multiprocess import run_ranks
+from petra_hub.testing.models import random_images, small_model
+from petra_hub.testing.ranks import run_ranks
 
 NUM_MICRO_BATCHES = 7
 

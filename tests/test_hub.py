@@ -14,7 +14,7 @@ from safetensors.torch import load as load_safetensors
 from transformers import AutoImageProcessor, AutoModelForImageClassification
 
 from petra_hub import RevNetForImageClassification
-from petra_hub.hub import (
+from petra_hub.integrations.hub import (
     NOT_RECORDED,
     TAGS,
     TrainingSummary,
@@ -23,7 +23,7 @@ from petra_hub.hub import (
     save_for_hub,
     write_model_card,
 )
-from tests.helpers import small_model
+from petra_hub.testing.models import small_model
 
 REPO_ID = "user/revnet-test"
 

@@ -10,7 +10,7 @@ import torch
 from huggingface_hub import ModelCard
 
 from petra_hub import RevNetForImageClassification
-from tests.multiprocess import free_port
+from petra_hub.testing.ranks import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -19,7 +19,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForImageClassification
 
 from petra_hub import RevNetConfig, RevNetForImageClassification, RevNetModel
 from petra_hub.models.revnet import RevNetHead, RevNetStem
-from tests.helpers import PAPER_LAYOUTS, random_images, small_config, small_model
+from petra_hub.testing.models import PAPER_LAYOUTS, random_images, small_config, small_model
 
 PRESETS = ["revnet18", "revnet34", "revnet50", "revnet101"]
 # Table of the paper (ImageNet, 1000 classes), in millions of parameters.

@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from petra_hub.batchnorm import batch_norms, frozen_running_stats
-from tests.helpers import PAPER_LAYOUTS, random_images, relative_error, small_model
+from petra_hub.engine.batchnorm import batch_norms, frozen_running_stats
+from petra_hub.testing.models import PAPER_LAYOUTS, random_images, relative_error, small_model
 
 PRESETS = ["revnet18", "revnet34", "revnet50", "revnet101"]
 VARIANTS = [(preset, downsampling) for preset in PRESETS for downsampling in ("buffered", "invertible")]

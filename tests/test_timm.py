@@ -9,9 +9,9 @@ import warnings
 import pytest
 import torch
 
-import petra_hub.timm_models as timm_models
+import petra_hub.integrations.timm as timm_models
 from petra_hub import RevNetConfig, RevNetForImageClassification
-from tests.helpers import small_model
+from petra_hub.testing.models import small_model
 
 TINY = dict(stem="cifar", hidden_sizes=[4, 8, 8, 8], embedding_size=4)
 

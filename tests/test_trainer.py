@@ -11,8 +11,8 @@ from transformers import TrainerCallback
 
 from petra_hub import RevNetForImageClassification
 from petra_hub.data import collate_image_batch, image_processor_for, load_image_dataset, take
-from petra_hub.trainer import EpochSampler, PetraTrainer, PetraTrainingArguments
-from tests.helpers import small_config
+from petra_hub.training import EpochSampler, PetraTrainer, PetraTrainingArguments
+from petra_hub.testing.models import small_config
 
 
 def accuracy(prediction):
@@ -216,7 +216,7 @@ def test_bad_settings(tmp_path, monkeypatch):
         make_trainer(tmp_path, petra_mode="gpipe")
     with pytest.raises(ValueError, match="petra_partition"):
         make_trainer(tmp_path, petra_partition="five,five")
-    import petra_hub.trainer as trainer_module
+    import petra_hub.training.trainer as trainer_module
 
     monkeypatch.setattr(trainer_module.dist, "is_initialized", lambda: True)
     monkeypatch.setattr(trainer_module.dist, "get_world_size", lambda *a: 12)

@@ -1,24 +1,48 @@
-"""petra_hub: PETRA (parallel end-to-end training of reversible architectures) across processes and devices."""
+"""petra_hub: PETRA (parallel end-to-end training of reversible architectures) across processes and devices.
 
-from transformers import AutoConfig, AutoModel, AutoModelForImageClassification
+The public names below are imported on first use, so that `import petra_hub.engine` needs torch only. Touching a
+model class (or importing `petra_hub.models`) registers the "revnet" model type with transformers' Auto classes;
+importing `petra_hub.integrations.timm` registers `revnet18` .. `revnet101` with timm.
+"""
 
-from .models.revnet import RevNetConfig, RevNetForImageClassification, RevNetModel, RevNetPreTrainedModel
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+# public name -> module that defines it
+_LAZY = {
+    "RevNetConfig": "petra_hub.models.revnet",
+    "RevNetModel": "petra_hub.models.revnet",
+    "RevNetForImageClassification": "petra_hub.models.revnet",
+    "RevNetPreTrainedModel": "petra_hub.models.revnet",
+    "Pipeline": "petra_hub.engine",
+    "Mode": "petra_hub.engine",
+    "PetraTrainer": "petra_hub.training",
+    "PetraTrainingArguments": "petra_hub.training",
+    "load_image_dataset": "petra_hub.data",
+    "collate_image_batch": "petra_hub.data",
+    "image_processor_for": "petra_hub.data",
+}
 
-def _register_auto_classes() -> None:
-    AutoConfig.register(RevNetConfig.model_type, RevNetConfig, exist_ok=True)
-    AutoModel.register(RevNetConfig, RevNetModel, exist_ok=True)
-    AutoModelForImageClassification.register(RevNetConfig, RevNetForImageClassification, exist_ok=True)
-    # Saved folders carry `auto_map` and this code, for `trust_remote_code=True` users without petra_hub.
-    RevNetConfig.register_for_auto_class()
-    RevNetModel.register_for_auto_class("AutoModel")
-    RevNetForImageClassification.register_for_auto_class("AutoModelForImageClassification")
+__all__ = [*_LAZY, "__version__"]
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from .data import collate_image_batch, image_processor_for, load_image_dataset
+    from .engine import Mode, Pipeline
+    from .models.revnet import RevNetConfig, RevNetForImageClassification, RevNetModel, RevNetPreTrainedModel
+    from .training import PetraTrainer, PetraTrainingArguments
 
 
-_register_auto_classes()
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'petra_hub' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
 
-from . import timm_models  # noqa: E402,F401  registers revnet18..revnet101 with timm when timm imports
 
-__all__ = ["RevNetConfig", "RevNetForImageClassification", "RevNetModel", "RevNetPreTrainedModel", "__version__"]
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..batchnorm import frozen_running_stats
+from .batchnorm import frozen_running_stats
 from .errors import PipelineError, StageMismatchError
 from .memory import MemoryStats
 from .modes import Mode

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..batchnorm import frozen_running_stats
+from .batchnorm import frozen_running_stats
 from .errors import PipelineError
 from .memory import MemoryStats
 from .modes import Mode

@@ -27,11 +27,11 @@ from transformers import Trainer, TrainingArguments, get_scheduler
 from transformers.trainer_callback import ExportableState, TrainerState
 from transformers.trainer_utils import EvalPrediction, TrainOutput, rotate_checkpoints, speed_metrics
 
-from .data import DATASETS
+from ..data import DATASETS
 from .distributed import init_distributed
-from .engine import Mode, Pipeline, merge_stages
-from .engine.optim import weight_decay_groups
-from .hub import TrainingSummary, write_model_card
+from ..engine import Mode, Pipeline, merge_stages
+from ..engine.optim import weight_decay_groups
+from ..integrations.hub import TrainingSummary, write_model_card
 
 HUB_DATASET_IDS = {"cifar10": "uoft-cs/cifar10", "cifar100": "uoft-cs/cifar100", "imagenet": "ILSVRC/imagenet-1k"}
 

@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as functional
 from torch import nn
 
-from .models.revnet.configuration_revnet import PRESETS, RevNetConfig
-from .models.revnet.modeling_revnet import RevNetForImageClassification
+from ..models.revnet.configuration_revnet import PRESETS, RevNetConfig
+from ..models.revnet.modeling_revnet import RevNetForImageClassification
 
 __all__ = ["MODEL_NAMES", "TimmRevNet", "register_timm_models", "timm_available"]
 

@@ -138,13 +138,13 @@ def _loss_text(loss: float | None) -> str:
 
 
 def _canonical_mode(mode: str) -> str:
-    from .engine.modes import Mode
+    from ..engine.modes import Mode
 
     return Mode.parse(mode).value
 
 
 def _known_dataset_info(name: str):
-    from .data import dataset_info
+    from ..data import dataset_info
 
     try:
         return dataset_info(name)
@@ -154,7 +154,7 @@ def _known_dataset_info(name: str):
 
 def _architecture(preset: str | None, config=None) -> tuple[str, str]:
     """(short name, one-line description) of the architecture: from `config` when given, else from the preset."""
-    from .models.revnet.configuration_revnet import PRESETS
+    from ..models.revnet.configuration_revnet import PRESETS
 
     key = preset.lower().replace("-", "").replace("_", "") if preset else None
     spec = PRESETS.get(key) if key else None
@@ -262,7 +262,7 @@ def default_template_path() -> Path:
         candidates.append(Path(str(importlib.resources.files("petra_hub") / "model_cards" / TEMPLATE_NAME)))
     except (ModuleNotFoundError, TypeError):  # pragma: no cover - petra_hub is always importable here
         pass
-    candidates.append(Path(__file__).resolve().parents[2] / "model_cards" / TEMPLATE_NAME)
+    candidates.append(Path(__file__).resolve().parents[3] / "model_cards" / TEMPLATE_NAME)
     for candidate in candidates:
         if candidate.is_file():
             return candidate
@@ -353,7 +353,7 @@ def save_for_hub(
     `summary.num_parameters` is None it is counted from the model. A config whose labels are still the
     placeholders LABEL_i gets the data set's class names (so pipelines print "cat", not "LABEL_3").
     """
-    from .data import dataset_info, image_processor_for
+    from ..data import dataset_info, image_processor_for
 
     summary.validate()
     model = _unwrap(model)
@@ -397,7 +397,7 @@ def push_folder_to_hub(
         raise FileNotFoundError(f"{str(folder)!r} holds no config.json: write it with save_for_hub(...) first")
     if not (folder / "README.md").is_file():
         warnings.warn(f"{str(folder)!r} holds no README.md: the repository will have no model card", stacklevel=2)
-    from . import __version__
+    from .. import __version__
 
     api = HfApi(library_name="petra_hub", library_version=__version__)
     repo = api.create_repo(repo_id, token=token, private=private, repo_type="model", exist_ok=True)

@@ -1,10 +1,10 @@
-"""Small models and inputs shared by the tests."""
+"""Small RevNets and inputs shared by the tests and the benchmarks (float64 by default: exact comparisons)."""
 
 from __future__ import annotations
 
 import torch
 
-from petra_hub import RevNetConfig, RevNetForImageClassification
+from ..models.revnet import RevNetConfig, RevNetForImageClassification
 
 SMALL_WIDTHS = {"basic": [4, 8, 8, 8], "bottleneck": [8, 8, 16, 16]}
 
