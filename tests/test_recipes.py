@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.test_data import _tar, _write_cifar10
+from petra_hub.testing.data_files import tar_folder as _tar, write_cifar10 as _write_cifar10
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = runpy.run_path(str(ROOT / "recipes" / "train_revnet.py"))

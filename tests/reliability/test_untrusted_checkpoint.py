@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from tests.test_trainer import make_trainer
+from tests.training.test_trainer import make_trainer
 
 
 class _Payload:

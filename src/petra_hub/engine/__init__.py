@@ -8,14 +8,14 @@
 """
 
 from .errors import PeerFailureError, PipelineError, StageMismatchError
-from .grouping import StageGroup, merge_stages
-from .memory import MemoryStats
+from .stages import StageGroup, merge_stages, stage_layout
+from .accounting import MemoryStats, StageCounters
 from .modes import Mode
 from .optim import paper_sgd
 from .pipeline import Pipeline
-from .placement import Placement
+from .placement import Placement, replica_of
 from .schedule import Schedule
-from .worker import StageCounters, StageWorker
+from .worker import StageWorker
 
 __all__ = [
     "MemoryStats",
@@ -30,5 +30,7 @@ __all__ = [
     "StageGroup",
     "StageWorker",
     "merge_stages",
+    "stage_layout",
     "paper_sgd",
+    "replica_of",
 ]

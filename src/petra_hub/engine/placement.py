@@ -48,3 +48,38 @@ class Placement:
         group = self.groups[rank]
         stages = f"stage {group.start}" if len(group) == 1 else f"stages {group.start}-{group.stop - 1}"
         return f"rank {rank} ({stages})"
+
+
+def replica_of(rank: int, world: int, count: int) -> int:
+    """The replica of global rank `rank` when `world` processes form `count` pipeline replicas."""
+    if world % count:
+        raise ValueError(f"{world} processes cannot form {count} equal pipeline replicas")
+    return rank // (world // count)
+
+
+@dataclass(frozen=True)
+class Replicas:
+    """W = P x D ranks as D pipeline replicas: replica d holds pipeline ranks d*P .. d*P+P-1."""
+
+    index: int  # this rank's replica
+    count: int  # D
+    pipeline_ranks: tuple[int, ...]  # the global ranks of this rank's pipeline, in pipeline order
+    pipeline_group: object  # torch.distributed group of those ranks
+    peer_group: object  # the D ranks that run the same stages as this one (gradients averaged over them)
+
+
+def split_replicas(count: int) -> Replicas:
+    """Split the default torch.distributed group into `count` pipeline replicas (a collective: every rank calls it)."""
+    import torch.distributed as dist
+
+    if count < 1:
+        raise ValueError(f"data_parallel_size must be >= 1, got {count}")
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError("data parallelism needs the default torch.distributed process group")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    index = replica_of(rank, world, count)
+    size = world // count
+    pipelines = [dist.new_group(list(range(d * size, (d + 1) * size))) for d in range(count)]
+    peers = [dist.new_group(list(range(p, world, size))) for p in range(size)]
+    ranks = tuple(range(index * size, (index + 1) * size))
+    return Replicas(index, count, ranks, pipelines[index], peers[rank % size])

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
 
 Activation = torch.Tensor | tuple[torch.Tensor, ...]
@@ -21,18 +19,6 @@ def like(template: Activation, tensors: tuple[torch.Tensor, ...]) -> Activation:
 def detached(value: Activation, requires_grad: bool = False) -> Activation:
     tensors = tuple(t.detach().requires_grad_(requires_grad and t.is_floating_point()) for t in as_tuple(value))
     return like(value, tensors)
-
-
-def nbytes(values: Iterable[torch.Tensor]) -> int:
-    """Bytes held by distinct storages among `values` (views of one storage count once)."""
-    seen, total = set(), 0
-    for tensor in values:
-        storage = tensor.untyped_storage()
-        key = (storage.data_ptr(), tensor.device)
-        if key not in seen:
-            seen.add(key)
-            total += storage.nbytes()
-    return total
 
 
 def to_device(value: Activation, device: torch.device | None) -> Activation:

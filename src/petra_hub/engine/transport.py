@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -98,8 +99,16 @@ class NeighbourTransport:
         self.timeout = datetime.timedelta(seconds=timeout)
         self.describe = describe
         self.device = device
+        self.seconds = 0.0  # wall time spent in exchanges, waiting for the neighbours included
 
     def exchange(self, position: int, outgoing: list[Outgoing], incoming: list[Incoming], tick: int) -> list[torch.Tensor]:
+        start = time.perf_counter()
+        try:
+            return self._exchange(position, outgoing, incoming, tick)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    def _exchange(self, position: int, outgoing: list[Outgoing], incoming: list[Incoming], tick: int) -> list[torch.Tensor]:
         buffers = [torch.empty(m.numel, dtype=m.dtype, device=self.device) for m in incoming]
         works = []
         # Receives first, then sends, in a fixed order: every rank posts the same pattern.

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -11,19 +13,26 @@ from torch import nn
 
 from .batchnorm import frozen_running_stats
 from .errors import PipelineError
-from .memory import MemoryStats
+from .accounting import MemoryStats, StageCounters, nbytes, recording_saved_tensors
 from .modes import Mode
-from .tensors import Activation, as_tuple, detached, like, nbytes
+from .tensors import Activation, as_tuple, detached, like
 
 UpdateHook = Callable[[int, list[int], nn.Module], None]
 
 
-@dataclass
-class StageCounters:
-    forwards: int = 0
-    backwards: int = 0
-    updates: int = 0
-    last_backward: int = -1  # micro-batches are backpropagated in order, each exactly once
+def _timed(method):
+    """Add the CPU time of a worker operation to `counters.compute_seconds` (CPU, not wall, time: other processes
+    sharing the cores do not count)."""
+
+    @functools.wraps(method)
+    def timed(self, *args, **kwargs):
+        start = time.process_time()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self.counters.compute_seconds += time.process_time() - start
+
+    return timed
 
 
 @dataclass
@@ -99,18 +108,20 @@ class StageWorker:
         self.counters = StageCounters()
         self.group: list[int] = []  # micro-batches whose gradients are accumulated and not yet applied
         self._pending: dict[int, _Pending] = {}
+        self._group_ends: set[int] = set()  # micro-batches after which a group closes before reaching k
         self._peak = 0
 
     # -- the two halves of a tick ---------------------------------------------------------------------------------
+    @_timed
     def forward(self, micro_batch: int, inputs: Activation) -> Activation:
         pending = _Pending()
         if self.mode.stashes_weights:
             pending.weights = [p.detach().clone() for p in self.params]
         if self.mode.keeps_graph:
             leaves = detached(inputs, requires_grad=not self.is_first)
-            record = _recorder(pending.saved, exclude=self.params)
-            with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(record, _identity):
+            with torch.enable_grad(), recording_saved_tensors(exclude=self.params) as saved:
                 outputs = self.stage(leaves)
+            pending.saved = saved
             pending.inputs, pending.outputs = leaves, outputs
             outputs = detached(outputs)
         else:
@@ -123,6 +134,7 @@ class StageWorker:
         self._track_peak()
         return outputs
 
+    @_timed
     def backward(
         self, micro_batch: int, grad_outputs: Activation, outputs: Activation | None = None
     ) -> tuple[Activation | None, Activation | None]:
@@ -150,6 +162,7 @@ class StageWorker:
             return None, None
         return detached(inputs), grad_inputs
 
+    @_timed
     def forward_backward_last(
         self, micro_batch: int, inputs: Activation, targets, loss_fn: Callable
     ) -> tuple[torch.Tensor, Activation | None, Activation | None]:
@@ -165,10 +178,16 @@ class StageWorker:
         return loss.detach(), detached(leaves), self._leaf_grads(leaves)
 
     # -- updates ----------------------------------------------------------------------------------------------------
+    @_timed
     def maybe_update(self, flush: bool = False) -> bool:
-        """Apply the accumulated gradient when k micro-batches are in (or, with `flush`, when any are)."""
-        if len(self.group) < self.accumulation_steps and not (flush and self.group):
+        """Apply the accumulated gradient when k micro-batches are in, when the group was closed early after the
+        last one (`end_group_after`), or, with `flush`, when any are."""
+        if not self.group:
             return False
+        closed = self.group[-1] in self._group_ends
+        if len(self.group) < self.accumulation_steps and not (flush or closed):
+            return False
+        self._group_ends.discard(self.group[-1])
         scale = 1.0 / len(self.group)
         for param in self.params:
             if param.grad is not None:
@@ -186,6 +205,10 @@ class StageWorker:
         self.group.clear()
         self.counters.updates += 1
         return True
+
+    def end_group_after(self, micro_batch: int) -> None:
+        """Close the current accumulation group once `micro_batch` has been backpropagated here."""
+        self._group_ends.add(micro_batch)
 
     # -- accounting -------------------------------------------------------------------------------------------------
     @property
@@ -235,18 +258,3 @@ class StageWorker:
     def _track_peak(self) -> None:
         self.memory()
 
-
-def _recorder(saved: list[torch.Tensor], exclude: list[nn.Parameter]):
-    """A saved-tensors pack hook that records the activations autograd keeps (not the weights)."""
-    weights = {p.untyped_storage().data_ptr() for p in exclude}
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        if tensor.untyped_storage().data_ptr() not in weights:
-            saved.append(tensor)
-        return tensor
-
-    return pack
-
-
-def _identity(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor

@@ -1,1 +1,6 @@
-"""petra_hub and the rest of the ecosystem: Hub model cards and uploads, timm entry points."""
+"""petra_hub and the rest of the ecosystem. Import the module you need; this package imports none of them.
+
+- :mod:`petra_hub.integrations.model_card`: :class:`TrainingSummary` and the model card it renders.
+- :mod:`petra_hub.integrations.hub`: Hub-ready folders (:func:`save_for_hub`) and uploads (:func:`push_folder_to_hub`).
+- :mod:`petra_hub.integrations.timm`: ``revnet18`` .. ``revnet101`` as timm models, registered with timm on import.
+"""

@@ -1,68 +1,64 @@
 """The paper's RevNets as timm models: ``timm.create_model("revnet18", num_classes=10, stem="cifar")``.
 
 Importing this module registers the entry points ``revnet18``, ``revnet34``, ``revnet50`` and ``revnet101`` with timm
-when timm can be imported (it needs torchvision); without timm the module still imports and
-:func:`register_timm_models` raises an ImportError. Registration is idempotent.
+(``import petra_hub.integrations.timm``); nothing else in petra_hub imports timm.
 
-The timm model (:class:`TimmRevNet`) wraps a :class:`~petra_hub.RevNetForImageClassification`, kept as its ``revnet``
-attribute: it takes images and returns logits, and follows timm's conventions (``num_classes``, ``in_chans``,
-``forward_features``, ``forward_head``, ``reset_classifier``, ``pretrained_cfg``). Other keyword arguments of
-``create_model`` (``stem`` (default "imagenet"), ``downsampling``, ``hidden_sizes``, ``depths``, ``embedding_size``,
-...) go to :meth:`RevNetConfig.from_preset`.
+The timm model (:class:`TimmRevNet`) wraps a :class:`~petra_hub.RevNetForImageClassification`, kept as its ``model``
+attribute (state-dict keys ``model.revnet.embedder...``, ``model.classifier...``): it takes images and returns logits,
+and follows timm's conventions (``num_classes``, ``in_chans``, ``forward_features``, ``forward_head``,
+``reset_classifier``, ``pretrained_cfg``). Other keyword arguments of ``create_model`` (``stem`` (default
+"imagenet"), ``downsampling``, ``hidden_sizes``, ``depths``, ``embedding_size``, ...) go to
+:meth:`RevNetConfig.from_preset`.
 
 No weights are published: ``pretrained=True`` needs ``pretrained_cfg_overlay=dict(file="path/model.safetensors")``,
-a file written by ``RevNetForImageClassification.save_pretrained`` or a timm state dict of the same architecture
-(give the same ``stem``, widths, ... as the saved model).
+a file written by ``RevNetForImageClassification.save_pretrained`` (or ``RevNetModel.save_pretrained``) or a timm
+state dict of the same architecture (give the same ``stem``, widths, ... as the saved model).
 """
 
 from __future__ import annotations
 
 import inspect
-import math
 import os
-import warnings
 from typing import Any
 
 import torch
 import torch.nn.functional as functional
+from safetensors import safe_open
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model, resolve_pretrained_cfg
 from torch import nn
 
-from ..models.revnet.configuration_revnet import PRESETS, RevNetConfig
+from ..data import dataset_spec
+from ..models.revnet.configuration_revnet import RevNetConfig
 from ..models.revnet.modeling_revnet import RevNetForImageClassification
 
-__all__ = ["MODEL_NAMES", "TimmRevNet", "register_timm_models", "timm_available"]
+__all__ = ["MODEL_NAMES", "TimmRevNet", "default_cfgs", "revnet18", "revnet34", "revnet50", "revnet101"]
 
 MODEL_NAMES = ("revnet18", "revnet34", "revnet50", "revnet101")
 
-_IMAGENET_MEAN = (0.485, 0.456, 0.406)
-_IMAGENET_STD = (0.229, 0.224, 0.225)
-_PAPER = "PETRA: Parallel End-to-end Training with Reversible Architectures"
+_IMAGENET = dataset_spec("imagenet").info
 
 
-def _pretrained_cfg(**overrides: Any) -> dict[str, Any]:
-    cfg = {
+def _pretrained_cfg(name: str) -> dict[str, Any]:
+    return {
         "url": "",
-        "num_classes": 1000,
-        "input_size": (3, 224, 224),
-        "pool_size": (7, 7),
+        "num_classes": _IMAGENET.num_labels,
+        "input_size": (_IMAGENET.num_channels, _IMAGENET.image_size, _IMAGENET.image_size),
+        "pool_size": (7, 7),  # 224 / 32 with the imagenet stem
         "crop_pct": 0.875,
         "interpolation": "bilinear",
-        "mean": _IMAGENET_MEAN,
-        "std": _IMAGENET_STD,
-        "first_conv": "revnet.revnet.embedder.layers.0",
-        "classifier": "revnet.classifier",
+        "mean": _IMAGENET.mean,
+        "std": _IMAGENET.std,
+        "first_conv": "model.revnet.embedder.layers.0",
+        "classifier": "model.classifier",
         "license": "apache-2.0",
         "paper_ids": "arXiv:2406.02052",
-        "paper_name": _PAPER,
+        "paper_name": "PETRA: Parallel End-to-end Training with Reversible Architectures",
+        "description": f"{name} reversible ResNet of the PETRA paper, no weights",
     }
-    cfg.update(overrides)
-    return cfg
 
 
-# The plain cfg dicts (no timm needed); `default_cfgs` is what timm's register_model reads from this module.
-_PRETRAINED_CFGS = {name: _pretrained_cfg(description=f"{name} reversible ResNet of the PETRA paper, no weights")
-                    for name in MODEL_NAMES}
-default_cfgs: dict | None = None
+# What timm's register_model reads from this module.
+default_cfgs = generate_default_cfgs({name: _pretrained_cfg(name) for name in MODEL_NAMES})
 
 # Arguments of RevNetConfig that the timm arguments replace.
 _RENAMED = {"num_labels": "num_classes", "num_channels": "in_chans", "block_type": "the preset name"}
@@ -70,7 +66,7 @@ _CONFIG_ARGUMENTS = frozenset(inspect.signature(RevNetConfig.__init__).parameter
 
 
 class TimmRevNet(nn.Module):
-    """A RevNet classifier with timm's interface; `self.revnet` is the transformers model it wraps."""
+    """A RevNet classifier with timm's interface; `self.model` is the transformers model it wraps."""
 
     def __init__(
         self,
@@ -97,40 +93,40 @@ class TimmRevNet(nn.Module):
         config = RevNetConfig.from_preset(
             preset, stem=stem, num_channels=in_chans, num_labels=max(num_classes, 1), **config_kwargs
         )
-        self.revnet = RevNetForImageClassification(config)
+        self.model = RevNetForImageClassification(config)
         self.num_classes = num_classes
         self.in_chans = in_chans
         self.drop_rate = float(drop_rate)
         self.global_pool = "avg"
-        self.num_features = self.head_hidden_size = self.revnet.revnet.num_features
+        self.num_features = self.head_hidden_size = self.model.revnet.num_features
         if num_classes == 0:
-            self.revnet.classifier = nn.Identity()
+            self.model.classifier = nn.Identity()
         # create_model (build_model_with_cfg) replaces these with the resolved cfg.
-        self.pretrained_cfg = self.default_cfg = dict(_PRETRAINED_CFGS.get(preset, _pretrained_cfg()))
+        self.pretrained_cfg = self.default_cfg = default_cfgs[config.preset].default.to_dict()
 
     @property
     def config(self) -> RevNetConfig:
-        return self.revnet.config
+        return self.model.config
 
     def get_stages(self) -> list[nn.Module]:
         """The PETRA stages of the wrapped model (stem, one per block, head)."""
-        return self.revnet.get_stages()
+        return self.model.get_stages()
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Unpooled features [batch, num_features, height, width]: the two streams after the last block."""
-        return self.revnet.revnet(x, return_dict=True).last_hidden_state
+        return self.model.revnet(x, return_dict=True).last_hidden_state
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        x = self.revnet.revnet.pooler.pool(x).flatten(1)
+        x = self.model.revnet.pooler.pool(x).flatten(1)
         if self.drop_rate > 0.0:
             x = functional.dropout(x, p=self.drop_rate, training=self.training)
-        return x if pre_logits else self.revnet.classifier(x)
+        return x if pre_logits else self.model.classifier(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
 
     def get_classifier(self) -> nn.Module:
-        return self.revnet.classifier
+        return self.model.classifier
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """A new, freshly initialised linear head with `num_classes` outputs (0: no head, features out)."""
@@ -138,22 +134,22 @@ class TimmRevNet(nn.Module):
             _check_global_pool(global_pool)
         if num_classes < 0:
             raise ValueError(f"num_classes must be >= 0, got {num_classes}")
-        reference = next(self.revnet.revnet.parameters())
+        reference = next(self.model.revnet.parameters())
         if num_classes > 0:
             head = nn.Linear(self.num_features, num_classes, device=reference.device, dtype=reference.dtype)
             with torch.no_grad():
-                nn.init.normal_(head.weight, mean=0.0, std=self.revnet.config.initializer_range)
+                nn.init.normal_(head.weight, mean=0.0, std=self.model.config.initializer_range)
                 nn.init.zeros_(head.bias)
-            self.revnet.config.num_labels = num_classes
-            self.revnet.num_labels = num_classes
+            self.model.config.num_labels = num_classes
+            self.model.num_labels = num_classes
         else:
             head = nn.Identity()
-        self.revnet.classifier = head
+        self.model.classifier = head
         self.num_classes = num_classes
 
     def group_matcher(self, coarse: bool = False) -> dict[str, str]:
         """Parameter groups for timm's layer-wise learning-rate decay: the stem, then one group per block."""
-        return {"stem": r"^revnet\.revnet\.embedder", "blocks": r"^revnet\.revnet\.encoder\.(\d+)"}
+        return {"stem": r"^model\.revnet\.embedder", "blocks": r"^model\.revnet\.encoder\.(\d+)"}
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         if enable:
@@ -171,33 +167,34 @@ def _check_global_pool(global_pool: str) -> None:
 # --------------------------------------------------------------------------------------------------------------
 # loading weights
 
+_LEGACY_PREFIX = "revnet.revnet."  # timm RevNets of petra_hub 0.1.0 kept the transformers model as `revnet`
+
 
 def _to_timm_keys(state_dict: dict[str, torch.Tensor], model: nn.Module | None = None) -> dict[str, torch.Tensor]:
     """Accept the keys of a timm RevNet, a transformers RevNetForImageClassification or a bare RevNetModel."""
-    if any(key.startswith("revnet.revnet.") for key in state_dict):
+    if any(key.startswith("model.") for key in state_dict):  # timm RevNet
         return state_dict
-    if any(key.startswith(("revnet.", "classifier.")) for key in state_dict):
-        return {f"revnet.{key}": value for key, value in state_dict.items()}
-    return {f"revnet.revnet.{key}": value for key, value in state_dict.items()}
+    if any(key.startswith(_LEGACY_PREFIX) for key in state_dict):  # timm RevNet saved before the rename
+        return {f"model.{key.removeprefix('revnet.')}": value for key, value in state_dict.items()}
+    if any(key.startswith(("revnet.", "classifier.")) for key in state_dict):  # RevNetForImageClassification
+        return {f"model.{key}": value for key, value in state_dict.items()}
+    return {f"model.revnet.{key}": value for key, value in state_dict.items()}  # RevNetModel
 
 
 def _classifier_width(path: str) -> int | None:
     """Output width of the classifier stored in a safetensors file (read from its header), if any."""
     if not str(path).endswith(".safetensors"):
         return None
-    from safetensors import safe_open
-
     with safe_open(path, framework="pt") as handle:
-        for key in ("revnet.classifier.weight", "classifier.weight"):
-            if key in handle.keys():
+        keys = set(handle.keys())
+        for key in ("model.classifier.weight", "revnet.classifier.weight", "classifier.weight"):
+            if key in keys:
                 return int(handle.get_slice(key).get_shape()[0])
     return None
 
 
 def _prepare_pretrained(variant: str, pretrained_cfg, overlay: dict | None) -> dict | None:
     """Fail clearly when there is nothing to load; return the overlay, completed with the file's head width."""
-    from timm.models import resolve_pretrained_cfg
-
     resolved = resolve_pretrained_cfg(variant, pretrained_cfg=pretrained_cfg, pretrained_cfg_overlay=overlay)
     if not (resolved.file or resolved.url or resolved.hf_hub_id or resolved.state_dict):
         raise RuntimeError(
@@ -216,8 +213,6 @@ def _prepare_pretrained(variant: str, pretrained_cfg, overlay: dict | None) -> d
 
 
 def _create_revnet(variant: str, pretrained: bool = False, **kwargs: Any) -> TimmRevNet:
-    from timm.models import build_model_with_cfg
-
     if kwargs.pop("features_only", False):
         raise NotImplementedError(f"{variant} does not support features_only; use forward_features instead")
     overlay = kwargs.pop("pretrained_cfg_overlay", None)
@@ -225,8 +220,8 @@ def _create_revnet(variant: str, pretrained: bool = False, **kwargs: Any) -> Tim
         overlay = _prepare_pretrained(variant, kwargs.get("pretrained_cfg"), overlay)
     if kwargs.get("stem", "imagenet") == "cifar":
         # The cifar stem (no stride, no pooling) is meant for small images: describe 32x32 inputs unless told so.
-        depths = kwargs.get("depths") or PRESETS[variant]["depths"]
-        factor = math.prod(kwargs.get("layer_strides") or [1] + [2] * (len(depths) - 1))
+        architecture = {name: value for name, value in kwargs.items() if name in _CONFIG_ARGUMENTS}
+        factor = RevNetConfig.from_preset(variant, **architecture).downsampling_factor
         small = {"input_size": (kwargs.get("in_chans", 3), 32, 32), "crop_pct": 1.0,
                  "pool_size": (max(1, 32 // factor),) * 2}
         overlay = {**small, **(overlay or {})}
@@ -242,77 +237,28 @@ def _create_revnet(variant: str, pretrained: bool = False, **kwargs: Any) -> Tim
 
 
 # --------------------------------------------------------------------------------------------------------------
-# entry points (registered with timm by register_timm_models)
+# entry points
 
 
+@register_model
 def revnet18(pretrained: bool = False, **kwargs: Any) -> TimmRevNet:
     """RevNet-18 of the PETRA paper (basic blocks, 2/2/2/2, widths 64-512 per stream; 12.2 M parameters)."""
     return _create_revnet("revnet18", pretrained, **kwargs)
 
 
+@register_model
 def revnet34(pretrained: bool = False, **kwargs: Any) -> TimmRevNet:
     """RevNet-34 of the PETRA paper (basic blocks, 3/4/6/3, widths 64-512 per stream)."""
     return _create_revnet("revnet34", pretrained, **kwargs)
 
 
+@register_model
 def revnet50(pretrained: bool = False, **kwargs: Any) -> TimmRevNet:
     """RevNet-50 of the PETRA paper (bottleneck blocks, 3/4/6/3, widths 256-2048 per stream)."""
     return _create_revnet("revnet50", pretrained, **kwargs)
 
 
+@register_model
 def revnet101(pretrained: bool = False, **kwargs: Any) -> TimmRevNet:
     """RevNet-101 of the PETRA paper (bottleneck blocks, 3/4/23/3, widths 256-2048 per stream)."""
     return _create_revnet("revnet101", pretrained, **kwargs)
-
-
-_ENTRY_POINTS = {"revnet18": revnet18, "revnet34": revnet34, "revnet50": revnet50, "revnet101": revnet101}
-assert set(_ENTRY_POINTS) == set(MODEL_NAMES) <= set(PRESETS)
-
-
-def _import_timm():
-    try:
-        import timm
-        import timm.models
-    except Exception as error:  # ImportError, or e.g. a RuntimeError from a torchvision that does not fit torch
-        raise ImportError(
-            "petra_hub's timm models need timm (and torchvision): pip install timm. "
-            f"Importing timm failed with {type(error).__name__}: {error}"
-        ) from error
-    return timm
-
-
-def timm_available() -> bool:
-    try:
-        _import_timm()
-    except ImportError:
-        return False
-    return True
-
-
-def register_timm_models() -> list[str]:
-    """Register the RevNet entry points with timm; returns the names this call registered (empty if done already).
-
-    A name that some other module registered first is left alone, with a warning.
-    """
-    global default_cfgs
-    timm = _import_timm()
-    registry = timm.models
-    if default_cfgs is None:
-        default_cfgs = registry.generate_default_cfgs(_PRETRAINED_CFGS)
-    registered = []
-    for name, function in _ENTRY_POINTS.items():
-        if registry.is_model(name):
-            owner = getattr(registry.model_entrypoint(name), "__module__", None)
-            if owner != __name__:
-                warnings.warn(
-                    f"timm already has a model named {name!r} (from {owner}); petra_hub's {name} is not registered",
-                    stacklevel=2,
-                )
-            continue
-        registry.register_model(function)
-        registered.append(name)
-    return registered
-
-
-if timm_available():
-    register_timm_models()

@@ -43,3 +43,18 @@ PAPER_LAYOUTS = {
     "revnet50": "SDRRDRRRDRRRRRDRRH",
     "revnet101": "SDRRD" + "R" * 3 + "D" + "R" * 22 + "DRRH",
 }
+
+
+# Widths of the benchmarks (benchmarks/common.py), float32 CPU runs. A RevNet's four layers use stream widths
+# [w, 2w, 4w, 8w] and a stem of width w per stream; w = RECIPE_WIDTH is the small RevNet18 that
+# recipes/train_revnet.py trains by default (hidden sizes 16,32,64,128, embedding 16).
+RECIPE_WIDTH = 16
+QUICK_WIDTH = 4  # benchmarks/throughput.py --quick
+# benchmarks/memory.py --fast: tiny widths that keep every preset's depth and block type, stem width FAST_EMBEDDING.
+FAST_WIDTHS = {"basic": [8, 16, 16, 16], "bottleneck": [16, 16, 32, 32]}
+FAST_EMBEDDING = 8
+
+
+def doubling_widths(width: int) -> list[int]:
+    """Stream widths of the four layers, [w, 2w, 4w, 8w]."""
+    return [width, 2 * width, 4 * width, 8 * width]

@@ -1,5 +1,7 @@
 """Training with PETRA through transformers' Trainer API."""
 
-from .trainer import EpochSampler, PetraTrainer, PetraTrainingArguments
+from .arguments import PetraTrainingArguments
+from .sampler import EpochSampler
+from .trainer import PetraTrainer
 
 __all__ = ["EpochSampler", "PetraTrainer", "PetraTrainingArguments"]

@@ -32,3 +32,17 @@ def init_distributed(timeout: float) -> bool:
         backend = "gloo"
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
     return True
+
+
+def world_size() -> int:
+    """Processes in the default group (1 without one)."""
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def all_reduce_sum(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Sum `values` over all processes (unchanged with one); NCCL needs them on the GPU, gloo on the CPU."""
+    if world_size() <= 1:
+        return values
+    reduced = values.to(device if dist.get_backend() == "nccl" else torch.device("cpu"))
+    dist.all_reduce(reduced)
+    return reduced.cpu()

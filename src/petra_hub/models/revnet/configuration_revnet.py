@@ -17,6 +17,12 @@ PRESETS = {
 }
 
 
+def canonical_preset(name: str) -> str | None:
+    """The `PRESETS` key that `name` spells ("RevNet-18", "revnet_18", "REVNET18" -> "revnet18"), else None."""
+    key = name.lower().replace("-", "").replace("_", "")
+    return key if key in PRESETS else None
+
+
 class RevNetConfig(PretrainedConfig):
     r"""Configuration of a two-stream reversible ResNet.
 
@@ -72,8 +78,8 @@ class RevNetConfig(PretrainedConfig):
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "RevNetConfig":
         """Build the configuration of a named paper model, e.g. `from_preset("revnet18", stem="cifar", num_labels=10)`."""
-        key = name.lower().replace("-", "").replace("_", "")
-        if key not in PRESETS:
+        key = canonical_preset(name)
+        if key is None:
             raise ValueError(f"Unknown RevNet preset {name!r}; expected one of {sorted(PRESETS)}.")
         arguments = {**PRESETS[key], "preset": key, **overrides}
         return cls(**arguments)

@@ -1,4 +1,4 @@
-"""Model cards, Hub-ready folders, (faked) uploads and loading from a local Hub cache, all offline."""
+"""Hub-ready folders, (faked) uploads and loading from a local Hub cache, all offline."""
 
 from __future__ import annotations
 
@@ -13,42 +13,15 @@ from huggingface_hub import CommitInfo, HfApi, ModelCard, RepoUrl
 from safetensors.torch import load as load_safetensors
 from transformers import AutoImageProcessor, AutoModelForImageClassification
 
+import petra_hub
 from petra_hub import RevNetForImageClassification
-from petra_hub.integrations.hub import (
-    NOT_RECORDED,
-    TAGS,
-    TrainingSummary,
-    push_folder_to_hub,
-    render_model_card,
-    save_for_hub,
-    write_model_card,
-)
+from petra_hub.data import dataset_spec, image_processor_for
+from petra_hub.integrations.hub import push_folder_to_hub, save_for_hub
+from petra_hub.integrations.model_card import TrainingSummary
+from petra_hub.integrations.timm import TimmRevNet
 from petra_hub.testing.models import small_model
 
 REPO_ID = "user/revnet-test"
-
-
-def full_summary(**overrides) -> TrainingSummary:
-    values = dict(
-        model_name="revnet18-cifar10-petra",
-        preset="revnet18",
-        dataset="cifar10",
-        dataset_id="uoft-cs/cifar10",
-        mode="petra",
-        num_stages=10,
-        accumulation_steps=4,
-        num_processes=10,
-        epochs=200,
-        micro_batch_size=64,
-        learning_rate=0.1,
-        hardware="8x H100 (NCCL)",
-        eval_accuracy=0.9137,
-        eval_loss=0.3012,
-        num_parameters=12_211_048,
-        extra={"stem": "cifar", "warm-up": None},
-    )
-    values.update(overrides)
-    return TrainingSummary(**values)
 
 
 def tiny_model() -> RevNetForImageClassification:
@@ -61,70 +34,6 @@ def assert_same_parameters(loaded: torch.nn.Module, reference: torch.nn.Module) 
     assert actual.keys() == expected.keys()
     for key, value in expected.items():
         assert torch.equal(actual[key], value), key
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# cards
-
-
-def test_card_metadata_and_body_round_trip(tmp_path):
-    summary = full_summary()
-    path = write_model_card(tmp_path, summary, repo_id=REPO_ID)
-    assert path == tmp_path / "README.md"
-    card = ModelCard.load(path)
-    data = card.data
-    assert data.license == "apache-2.0"
-    assert data.library_name == "transformers"
-    assert data.pipeline_tag == "image-classification"
-    assert data.tags == TAGS
-    assert data.datasets == ["uoft-cs/cifar10"]
-    assert data.model_name == summary.model_name
-    [result] = data.eval_results
-    assert (result.task_type, result.metric_type) == ("image-classification", "accuracy")
-    assert result.metric_value == pytest.approx(0.9137, abs=0)
-    assert result.dataset_type == "uoft-cs/cifar10"
-    assert card.data.to_dict()["model-index"][0]["name"] == summary.model_name
-
-    body = card.text
-    architecture = "RevNet-18 (revnet18): basic blocks in layers of 2/2/2/2 (8 blocks), widths 64/128/256/512 per stream"
-    for needle in (architecture, "`petra`", "Pipeline stages (J) | 10", "Accumulation steps (k) | 4", "Processes | 10",
-                   "RevNet-18", "revnet18", "91.37 %", "12,211,048", "8x H100 (NCCL)", "| stem | cifar |",
-                   f"| warm-up | {NOT_RECORDED} |", f'from_pretrained("{REPO_ID}")', "trust_remote_code=True",
-                   'pipeline("image-classification"', "pip install petra_hub", "@inproceedings{rivaud2025petra",
-                   "Parallel End-to-end Training with Reversible Architectures", "2406.02052"):
-        assert needle in body, needle
-    assert "None" not in card.content
-
-
-def test_card_without_evaluation_has_no_model_index(tmp_path):
-    summary = TrainingSummary(model_name="revnet-digits", preset=None, dataset="digits", mode="backprop")
-    card = render_model_card(summary)
-    assert "model-index" not in card.content
-    assert "None" not in card.content
-    assert NOT_RECORDED in card.text
-    card.save(tmp_path / "README.md")
-    loaded = ModelCard.load(tmp_path / "README.md")
-    assert loaded.data.eval_results is None
-    assert loaded.data.datasets is None
-    assert loaded.data.tags == TAGS
-    assert "`backprop`" in loaded.text and "Pipeline stages (J) | not recorded" in loaded.text
-
-
-def test_card_rejects_inconsistent_summaries():
-    with pytest.raises(ValueError, match="fraction"):
-        render_model_card(full_summary(eval_accuracy=91.4))
-    with pytest.raises(ValueError, match="PETRA mode"):
-        render_model_card(full_summary(mode="pipedream"))
-    with pytest.raises(ValueError, match="accumulation_steps"):
-        render_model_card(full_summary(accumulation_steps=0))
-
-
-def test_card_from_a_custom_template(tmp_path):
-    template = tmp_path / "short.md"
-    template.write_text("---\n{{ card_data }}\n---\n\n# {{ model_name }}: {{ mode }}, J={{ num_stages }}\n")
-    card = render_model_card(full_summary(num_stages=None), template_path=template)
-    assert card.text.strip() == f"# revnet18-cifar10-petra: petra, J={NOT_RECORDED}"
-    assert card.data.license == "apache-2.0"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -169,6 +78,19 @@ def test_save_for_hub_unknown_dataset_needs_a_processor(tmp_path):
         save_for_hub(tiny_model(), tmp_path, summary)
 
 
+def test_save_for_hub_unwraps_a_timm_model_and_takes_a_given_processor(tmp_path):
+    wrapper = TimmRevNet(num_classes=3, stem="cifar", hidden_sizes=[4, 8, 8, 8], embedding_size=4).eval()
+    processor = image_processor_for(dataset_spec("cifar10").info)
+    summary = TrainingSummary(model_name="m", preset="revnet18", dataset="my-photos")
+    folder = save_for_hub(wrapper, tmp_path / "m", summary, processor)
+    loaded = RevNetForImageClassification.from_pretrained(folder).eval()
+    assert_same_parameters(loaded, wrapper.model)
+    assert loaded.config.id2label[0] == "LABEL_0"  # an unknown data set has no class names to give
+    assert AutoImageProcessor.from_pretrained(folder).size == {"height": 32, "width": 32}
+    with pytest.raises(TypeError, match="PreTrainedModel"):
+        save_for_hub(torch.nn.Linear(2, 2), tmp_path / "linear", summary, processor)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # uploads, faked at the HfApi class level (no network)
 
@@ -178,7 +100,7 @@ def fake_hub(monkeypatch, tmp_path):
     """Record what create_repo / create_commit / upload_folder would send. transformers' push_to_hub calls
     create_repo then create_commit on its shared HfApi; our push_folder_to_hub calls create_repo then upload_folder."""
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
-    calls: dict[str, list] = {"create_repo": [], "create_commit": [], "upload_folder": []}
+    calls: dict[str, list] = {"create_repo": [], "create_commit": [], "upload_folder": [], "library": []}
 
     def commit_info(repo_id: str, message: str, payload: str) -> CommitInfo:
         oid = hashlib.sha1(payload.encode()).hexdigest()
@@ -187,6 +109,7 @@ def fake_hub(monkeypatch, tmp_path):
 
     def create_repo(self, repo_id, *, token=None, private=None, repo_type=None, exist_ok=False, **kwargs):
         calls["create_repo"].append({"repo_id": repo_id, "private": private, "exist_ok": exist_ok})
+        calls["library"].append((self.library_name, self.library_version))
         return RepoUrl(f"https://huggingface.co/{repo_id}")
 
     def create_commit(self, repo_id, operations, *, commit_message, **kwargs):
@@ -218,6 +141,7 @@ def test_push_folder_to_hub_uploads_the_folder(saved, fake_hub):
     assert {"config.json", "model.safetensors", "preprocessor_config.json", "README.md"} <= set(upload["files"])
     assert url.startswith(f"https://huggingface.co/{REPO_ID}/commit/")
     assert fake_hub["create_commit"] == []
+    assert fake_hub["library"] == [("petra_hub", petra_hub.__version__)]
 
 
 def test_push_folder_to_hub_needs_a_saved_model(tmp_path, fake_hub):

@@ -1,4 +1,10 @@
-"""Coarser pipelines: several consecutive stages fused into one (fewer, longer stages; less delay)."""
+"""The stage contract, coarser pipelines (consecutive stages fused into one) and the letters that name stage kinds.
+
+A stage is an `nn.Module` mapping an activation (a tensor or a tuple of tensors) to the next. A reversible stage
+sets `reversible = True` and also offers `inverse(y) -> x` and `reconstruct_and_backward(y, grad_y) -> (x, grad_x)`
+(rebuild the input from the output and backpropagate through the stage in one pass, accumulating parameter
+gradients). `petra_hub.testing.stage_contract` checks a model's stages against this contract.
+"""
 
 from __future__ import annotations
 
@@ -41,3 +47,17 @@ def merge_stages(stages: list[nn.Module], num_stages: int) -> list[nn.Module]:
         raise ValueError(f"cannot make {num_stages} pipeline stages out of {len(stages)} model stages")
     groups = Placement.balanced(len(stages), num_stages).groups
     return [stages[g.start] if len(g) == 1 else StageGroup([stages[i] for i in g]) for g in groups]
+
+
+def stage_layout(stages: list[nn.Module]) -> str:
+    """One letter per stage: S the first (stem), H the last (head), R a reversible stage, D any other (e.g. a
+    non-reversible downsampling block). RevNet18 reads "SRRDRDRDRH"."""
+    letters = []
+    for index, stage in enumerate(stages):
+        if index == 0:
+            letters.append("S")
+        elif index == len(stages) - 1:
+            letters.append("H")
+        else:
+            letters.append("R" if getattr(stage, "reversible", False) else "D")
+    return "".join(letters)

@@ -1,0 +1,178 @@
+"""The map-style dataset of a named data set, and its helpers.
+
+``load_image_dataset(name, split)`` returns a ``torch.utils.data.Dataset`` whose items are
+``{"pixel_values": float32 [3, S, S] (normalised), "labels": int}`` (the Hugging Face
+``Trainer`` convention).  Each item is read by the spec's reader (or from the Hub),
+transformed by the spec's train or test transform (seeded per item, see
+:mod:`petra_hub.data.transforms`), then normalised as ``(x / 255 - mean) / std`` with the
+per-channel :class:`DatasetInfo` statistics (float images are already in [0, 1]).
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import random
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from .registry import DatasetInfo, dataset_spec
+from .sources.hub import load_hub
+from .transforms import Transform, item_seed
+
+__all__ = ["load_image_dataset", "take", "collate_image_batch", "image_processor_for"]
+
+_SPLITS = {"train": "train", "test": "test", "validation": "test", "val": "test"}
+
+
+def _canonical_split(split: str) -> str:
+    try:
+        return _SPLITS[split]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"unknown split {split!r}; expected 'train' or 'test' "
+            "('validation' and 'val' are aliases of 'test')"
+        ) from None
+
+
+class _ImageDataset(Dataset):
+    """Map-style dataset: ``source(i)`` gives the raw image (uint8 or float in [0, 1])."""
+
+    def __init__(self, info: DatasetInfo, split: str, source: Callable[[int], torch.Tensor],
+                 labels: torch.Tensor, transform: Transform, augment: bool, seed: int):
+        self.info = info
+        self.split = split
+        self.labels = torch.as_tensor(labels, dtype=torch.int64).reshape(-1)
+        self.augment = bool(augment)
+        self.seed = int(seed)
+        self.epoch = 0
+        self._source = source
+        self._transform = transform
+        self._draws = np.zeros(len(self.labels), dtype=np.int64)
+        self._mean = torch.tensor(info.mean, dtype=torch.float32).view(-1, 1, 1)
+        self._std = torch.tensor(info.std, dtype=torch.float32).view(-1, 1, 1)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the augmentation stream of ``epoch`` (and restart the per-item counters)."""
+        self.epoch = int(epoch)
+        self._draws[:] = 0
+
+    def __getitem__(self, index) -> dict[str, Any]:
+        index = operator.index(index)
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"index {index} out of range for a data set of {n} items")
+        img = self._source(index)
+        rng = None
+        if self.augment:
+            rng = random.Random(item_seed(self.seed, self.epoch, index, int(self._draws[index])))
+            self._draws[index] += 1
+        img = self._transform(img, self.info.image_size, rng)
+        img = img.float().div_(255.0) if img.dtype == torch.uint8 else img.float()
+        pixel_values = (img - self._mean) / self._std
+        return {"pixel_values": pixel_values.contiguous(), "labels": int(self.labels[index])}
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(name={self.info.name!r}, split={self.split!r}, "
+                f"size={len(self)}, augment={self.augment}, seed={self.seed})")
+
+
+class _Head(Dataset):
+    """The first ``count`` items of a data set, keeping its ``info``, ``labels`` and ``set_epoch``."""
+
+    def __init__(self, dataset: _ImageDataset, count: int):
+        self.dataset = dataset
+        self.count = min(count, len(dataset))
+        self.info = dataset.info
+        self.labels = dataset.labels[: self.count]
+
+    def __len__(self) -> int:
+        return self.count
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+
+    def __getitem__(self, index) -> dict[str, Any]:
+        if not -self.count <= index < self.count:
+            raise IndexError(f"index {index} out of range for a data set of {self.count} items")
+        return self.dataset[index % self.count]
+
+
+def take(dataset: Dataset, count: int | None) -> Dataset:
+    """At most ``count`` items of ``dataset`` (all of them for None), e.g. for quick runs and tests."""
+    if count is None or count >= len(dataset):
+        return dataset
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    return _Head(dataset, count)
+
+
+def _check_data_dir(data_dir: str, name: str) -> str:
+    data_dir = os.path.expanduser(os.fspath(data_dir))
+    if not os.path.exists(data_dir):
+        raise FileNotFoundError(f"data_dir {data_dir!r} for {name!r} does not exist")
+    return data_dir
+
+
+def load_image_dataset(name: str, split: str, *, data_dir: str | None = None,
+                       hub_id: str | None = None, augment: bool | None = None,
+                       seed: int = 0) -> Dataset:
+    """Load split ``split`` ("train" / "test") of data set ``name``.
+
+    Items are ``{"pixel_values": float32 [3, S, S], "labels": int}``; the dataset has
+    ``info`` (:class:`DatasetInfo`), ``labels`` (int64 tensor) and ``set_epoch(epoch)``.
+    ``augment`` defaults to True for "train", False for "test"; ``seed`` fixes the
+    augmentation stream.  ``data_dir`` (local files, see :mod:`petra_hub.data.sources`)
+    and ``hub_id`` (Hub repo id or local dataset folder; default ``DatasetSpec.hub_id``)
+    are mutually exclusive.  "validation" and "val" are aliases of "test".
+    """
+    spec = dataset_spec(name)
+    split = _canonical_split(split)
+    augment = (split == "train") if augment is None else bool(augment)
+    if data_dir is not None and hub_id is not None:
+        raise ValueError("give data_dir (local files) or hub_id (a Hub data set), not both")
+    reader = spec.reader
+    if reader.embedded is not None:
+        if data_dir is not None or hub_id is not None:
+            raise ValueError(f"{name!r} is embedded ({reader.embedded}); it takes no data_dir / hub_id")
+        source, labels, info = reader(spec, split, None)
+    elif data_dir is not None:
+        source, labels, info = reader(spec, split, _check_data_dir(data_dir, name))
+    else:
+        hub_id = hub_id or spec.hub_id
+        if hub_id is None:
+            raise ValueError(f"{name!r} needs data_dir ({reader.layout}) or hub_id (a Hub data set); "
+                             "neither was given")
+        source, labels, info = load_hub(spec, split, hub_id)
+    return _ImageDataset(info, split, source, labels, spec.transform(augment), augment, seed)
+
+
+def collate_image_batch(items: Sequence[dict]) -> dict[str, torch.Tensor]:
+    """Stack items into ``{"pixel_values": [B, C, H, W] float32, "labels": [B] int64}``."""
+    if not items:
+        raise ValueError("collate_image_batch needs at least one item")
+    return {
+        "pixel_values": torch.stack([torch.as_tensor(it["pixel_values"]) for it in items]),
+        "labels": torch.as_tensor([int(it["labels"]) for it in items], dtype=torch.int64),
+    }
+
+
+def image_processor_for(info: DatasetInfo):
+    """A ``transformers.ViTImageProcessor`` that resizes to ``S`` x ``S`` (bilinear), converts
+    to RGB, rescales by 1/255 and normalises with ``info.mean`` / ``info.std``."""
+    from transformers import ViTImageProcessor
+
+    s = info.image_size
+    return ViTImageProcessor(
+        do_resize=True, size={"height": s, "width": s}, resample=2,  # PIL bilinear
+        do_rescale=True, rescale_factor=1 / 255, do_normalize=True,
+        image_mean=list(info.mean), image_std=list(info.std), do_convert_rgb=True,
+    )

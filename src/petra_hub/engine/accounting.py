@@ -1,0 +1,83 @@
+"""What a stage holds and what it did: memory measured from live tensors, operation counters, CPU time.
+
+The one copy of the byte counting and the saved-tensor recorder: the workers use it for `Pipeline.memory()`, and
+the benchmarks use it to measure what a recomputation or a kept graph costs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .batchnorm import frozen_running_stats
+from .tensors import Activation, as_tuple, detached
+
+
+@dataclass
+class MemoryStats:
+    """Bytes a stage worker holds. `peak_bytes` is the largest total seen after any operation since reset."""
+
+    activation_bytes: int = 0  # stored inputs, or kept autograd graphs, waiting for their backward
+    stash_bytes: int = 0  # weight copies kept for the backward of in-flight micro-batches
+    gradient_bytes: int = 0  # gradient accumulators (.grad) of the stage's parameters
+    peak_bytes: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        return self.activation_bytes + self.stash_bytes + self.gradient_bytes
+
+
+@dataclass
+class StageCounters:
+    forwards: int = 0
+    backwards: int = 0
+    updates: int = 0
+    last_backward: int = -1  # micro-batches are backpropagated in order, each exactly once
+    compute_seconds: float = 0.0  # CPU time (time.process_time) spent in this stage's forwards, backwards, updates
+
+
+def nbytes(values: Iterable[torch.Tensor], exclude: Iterable[torch.Tensor] = ()) -> int:
+    """Bytes held by distinct storages among `values` (views of one storage count once), leaving out the storages
+    of `exclude` (e.g. the parameters)."""
+    skipped = {(t.untyped_storage().data_ptr(), t.device) for t in exclude}
+    seen, total = set(), 0
+    for tensor in values:
+        storage = tensor.untyped_storage()
+        key = (storage.data_ptr(), tensor.device)
+        if key not in seen and key not in skipped:
+            seen.add(key)
+            total += storage.nbytes()
+    return total
+
+
+@contextlib.contextmanager
+def recording_saved_tensors(exclude: Iterable[torch.Tensor] = ()) -> Iterator[list[torch.Tensor]]:
+    """Collect the tensors autograd saves for the backward inside the block (leaving out `exclude`, the weights)."""
+    skipped = {t.untyped_storage().data_ptr() for t in exclude}
+    saved: list[torch.Tensor] = []
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.untyped_storage().data_ptr() not in skipped:
+            saved.append(tensor)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, _identity):
+        yield saved
+
+
+def graph_bytes(module: nn.Module, inputs: Activation) -> int:
+    """Bytes of the activations autograd keeps for the backward of `module(inputs)`, output included and parameters
+    excluded: what a recomputation (or a kept graph) holds for one micro-batch. Running statistics are untouched."""
+    leaves = detached(inputs, requires_grad=True)
+    params = list(module.parameters())
+    with torch.enable_grad(), frozen_running_stats(module), recording_saved_tensors(exclude=params) as saved:
+        outputs = module(leaves)
+    return nbytes(saved + list(as_tuple(outputs)), exclude=params)
+
+
+def _identity(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor

@@ -1,0 +1,89 @@
+"""The start-up handshake: before the first tick every rank learns the shape of each boundary it touches, and a
+stage that cannot take its neighbour's output (or ranks that disagree on the set-up) fail on every rank at once."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .batchnorm import frozen_running_stats
+from .errors import StageMismatchError
+from .routing import Router, empty_like_spec
+from .tensors import Activation, as_tuple
+from .transport import ActivationSpec
+
+
+def input_spec_of(inputs: Activation) -> ActivationSpec:
+    tensors = as_tuple(inputs) if isinstance(inputs, (tuple, torch.Tensor)) else ()
+    if not tensors or not all(torch.is_tensor(t) for t in tensors):
+        raise ValueError(f"pipeline inputs must be a tensor or a tuple of tensors, got {type(inputs).__name__}")
+    return ActivationSpec.of(inputs)
+
+
+def check_same_spec(spec: ActivationSpec, first: ActivationSpec) -> None:
+    if spec != first:
+        raise ValueError(
+            f"micro-batch of shape {spec.describe()} differs from the first micro-batch {first.describe()}: "
+            "every micro-batch must have the same per-sample shape and dtype"
+        )
+
+
+def handshake(
+    input_spec: ActivationSpec,
+    stages: list[nn.Module],
+    router: Router,
+    settings: tuple,
+    group: dist.ProcessGroup | None,
+    global_ranks: list[int] | None,
+    device: torch.device | None,
+) -> None:
+    """Fill `router.specs`, checking every stage of this rank against what its predecessor produces. `settings`
+    (what must agree across ranks: stages, mode, k, partition) is compared over `group` when distributed."""
+    distributed = global_ranks is not None
+    if distributed:
+        everyone = [None] * dist.get_world_size(group)
+        dist.all_gather_object(everyone, settings, group=group)
+        if any(other != settings for other in everyone):
+            raise StageMismatchError(f"ranks disagree on (stages, mode, k, partition): {everyone}")
+    local, error, spec = router.local, None, input_spec
+    if local.start > 0:
+        received = [None]
+        dist.recv_object_list(received, src=global_ranks[router.rank - 1], group=group)
+        spec, error = received[0]
+        if spec is not None:
+            router.specs[local.start - 1] = spec
+    if error is None:
+        spec, error = dry_run(stages, local, spec, router.specs, device)
+    if local.stop < len(stages):
+        dist.send_object_list([(spec, error)], dst=global_ranks[router.rank + 1], group=group)
+    if distributed:
+        errors = [None] * dist.get_world_size(group)
+        dist.all_gather_object(errors, error, group=group)
+        error = next((e for e in errors if e is not None), None)
+    if error is not None:
+        raise StageMismatchError(error)
+
+
+def dry_run(
+    stages: list[nn.Module], local: range, spec: ActivationSpec, specs: dict[int, ActivationSpec], device
+) -> tuple[ActivationSpec | None, str | None]:
+    """Run the `local` stages on a zero batch of `spec` without changing any state; record each output spec in
+    `specs`. Returns (the last output spec, None) or (None, a description of the first mismatch)."""
+    value = empty_like_spec(spec, 2, device or torch.device("cpu"))
+    for index in local:
+        stage = stages[index]
+        dtypes = {p.dtype for p in stage.parameters() if p.is_floating_point()}
+        previous = f"stage {index - 1} ({type(stages[index - 1]).__name__})" if index else "the input"
+        here = f"stage {index} ({type(stage).__name__})"
+        if dtypes and spec.dtype not in dtypes:
+            return None, f"{here} has {sorted(map(str, dtypes))} parameters but {previous} gives {spec.describe()}"
+        try:
+            with torch.no_grad(), frozen_running_stats(stage):
+                value = stage(value)
+        except Exception as error:  # any failure here is a mismatch between the two stages
+            return None, f"{here} cannot take the output of {previous}, {spec.describe()}: {error}"
+        if index < len(stages) - 1:
+            spec = ActivationSpec.of(value)
+            specs[index] = spec
+    return spec, None

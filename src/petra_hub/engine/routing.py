@@ -1,0 +1,127 @@
+"""Where each tick's messages go: an in-process mailbox between stages of one rank, the transport between ranks.
+
+Messages carry no headers: both ends derive from the schedule which micro-batch flows at each tick, and from the
+start-up handshake the shape of each boundary (`specs`). A stage gets its own output back (with the gradient)
+only when it rebuilds its input from it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from .schedule import Schedule
+from .tensors import Activation
+from .transport import ActivationSpec, Incoming, NeighbourTransport, Outgoing, flatten
+
+FORWARD_TAG, BACKWARD_TAG, INFER_TAG = 1, 2, 3
+
+
+class Router:
+    """Delivers activations forward and (input, gradient) pairs backward for the stages `local` of pipeline rank
+    `rank`. `reconstructs[i]` says whether stage i rebuilds its input (and so needs its output sent back)."""
+
+    def __init__(
+        self,
+        rank: int,
+        local: range,
+        num_stages: int,
+        reconstructs: list[bool],
+        schedule: Schedule,
+        transport: NeighbourTransport | None,
+    ):
+        self.rank = rank
+        self.local = local
+        self.num_stages = num_stages
+        self.reconstructs = reconstructs
+        self.schedule = schedule
+        self.transport = transport
+        self.specs: dict[int, ActivationSpec] = {}  # output spec of stage i, for the boundaries this rank touches
+        self.batch_sizes: dict[int, int] = {}  # micro-batch -> its number of samples
+        self._mail: dict[tuple[int, str], dict[int, Any]] = defaultdict(dict)
+
+    # -- the mailbox ------------------------------------------------------------------------------------------------
+    def put_input(self, micro_batch: int, inputs: Activation) -> None:
+        """The pipeline's input for stage 0."""
+        self._mail[(0, "forward")][micro_batch] = inputs
+
+    def forward_input(self, index: int, micro_batch: int) -> Activation:
+        return self._mail[(index, "forward")].pop(micro_batch)
+
+    def backward_input(self, index: int, micro_batch: int) -> tuple[Activation | None, Activation]:
+        """(this stage's output sent back, or None; the gradient of that output)."""
+        return self._mail[(index, "backward")].pop(micro_batch)
+
+    def send_forward(self, index: int, micro_batch: int, outputs: Activation, outgoing: list[Outgoing]) -> None:
+        if index + 1 in self.local:
+            self._mail[(index + 1, "forward")][micro_batch] = outputs
+        else:
+            outgoing.append(Outgoing(self.rank + 1, FORWARD_TAG, flatten([outputs])))
+
+    def send_backward(self, index: int, micro_batch: int, inputs, grad_inputs, outgoing: list[Outgoing]) -> None:
+        if index == 0:
+            return
+        returned = inputs if self.reconstructs[index - 1] else None
+        if index - 1 in self.local:
+            self._mail[(index - 1, "backward")][micro_batch] = (returned, grad_inputs)
+        else:
+            outgoing.append(Outgoing(self.rank - 1, BACKWARD_TAG, flatten([returned, grad_inputs])))
+
+    def leftovers(self) -> list[tuple[int, str]]:
+        return [key for key, box in self._mail.items() if box]
+
+    # -- between ranks ------------------------------------------------------------------------------------------------
+    def exchange(self, outgoing: list[Outgoing], tick: int, fed: int, first: int, global_tick: int) -> None:
+        """Swap this tick's messages with the neighbouring ranks and file what arrives for the next tick. `tick` and
+        `fed` count from the schedule's origin, where micro-batch `first` entered."""
+        incoming, arrivals = [], []
+        if self.local.start > 0:
+            source = self.local.start - 1
+            forward = self.schedule.forward_at(source, tick, fed)
+            if forward is not None:
+                micro_batch = forward + first
+                batch = self.batch_sizes[micro_batch]
+                spec = self.specs[source]
+                incoming.append(Incoming(self.rank - 1, FORWARD_TAG, spec.numel(batch), spec.dtype, "activations"))
+                arrivals.append(("forward", micro_batch, batch))
+        if self.local.stop < self.num_stages:
+            source = self.local.stop
+            backward = self.schedule.backward_at(source, tick, fed)
+            if backward is not None:
+                micro_batch = backward + first
+                batch = self.batch_sizes[micro_batch]
+                spec = self.specs[source - 1]
+                copies = 2 if self.reconstructs[source - 1] else 1
+                incoming.append(Incoming(self.rank + 1, BACKWARD_TAG, copies * spec.numel(batch), spec.dtype, "gradients"))
+                arrivals.append(("backward", micro_batch, batch))
+        buffers = self.transport.exchange(self.rank, outgoing, incoming, global_tick)
+        for (kind, micro_batch, batch), buffer in zip(arrivals, buffers):
+            if kind == "forward":
+                first_local = self.local.start
+                self._mail[(first_local, "forward")][micro_batch] = self.specs[first_local - 1].unflatten(buffer, batch)
+            else:
+                last = self.local.stop - 1
+                spec = self.specs[last]
+                if self.reconstructs[last]:
+                    half = spec.numel(batch)
+                    payload = (spec.unflatten(buffer[:half], batch), spec.unflatten(buffer[half:], batch))
+                else:
+                    payload = (None, spec.unflatten(buffer, batch))
+                self._mail[(last, "backward")][micro_batch] = payload
+
+    def receive_for_inference(self, batch: int, global_tick: int) -> Activation:
+        source = self.local.start - 1
+        spec = self.specs[source]
+        message = Incoming(self.rank - 1, INFER_TAG, spec.numel(batch), spec.dtype, "activations")
+        (buffer,) = self.transport.exchange(self.rank, [], [message], global_tick)
+        return spec.unflatten(buffer, batch)
+
+    def send_for_inference(self, value: Activation, global_tick: int) -> None:
+        self.transport.exchange(self.rank, [Outgoing(self.rank + 1, INFER_TAG, flatten([value]))], [], global_tick)
+
+
+def empty_like_spec(spec: ActivationSpec, batch: int, device: torch.device) -> Activation:
+    """A zero activation of `batch` samples shaped like `spec` (for dry runs)."""
+    return spec.unflatten(torch.zeros(spec.numel(batch), dtype=spec.dtype, device=device), batch)

@@ -1,0 +1,1 @@
+"""Tests of petra_hub.data (all offline)."""

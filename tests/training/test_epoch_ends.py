@@ -1,0 +1,39 @@
+"""Epochs whose micro-batch count is not a multiple of k: the partial group at an epoch's end is a step of its own
+(as in transformers' Trainer), each epoch evaluates and saves exactly once, and every micro-batch is trained."""
+
+from petra_hub.data import load_image_dataset, take
+from tests.training.test_trainer import Recorder, make_trainer
+
+
+def test_partial_groups_end_epochs_once_and_train_every_micro_batch(tmp_path):
+    # 88 samples in micro-batches of 8: 11 per epoch, k = 2 -> 5 full groups and a partial one (6 steps) per epoch.
+    train = take(load_image_dataset("digits", "train"), 88)
+    recorder = Recorder()
+    trainer = make_trainer(
+        tmp_path, train=train, callbacks=[recorder], max_steps=-1, num_train_epochs=3,
+        eval_strategy="epoch", save_strategy="epoch",
+    )
+    output = trainer.train()
+
+    assert output.global_step == 18
+    assert trainer.state.epoch == 3.0
+    assert [step for step, _ in recorder.evaluations] == [6, 12, 18]
+    assert [event for event in recorder.events if event.startswith("save@")] == ["save@6", "save@12", "save@18"]
+    assert recorder.events.count("step_begin") == recorder.events.count("step_end") == 18
+    counters = trainer.pipeline.counters()
+    # 33 micro-batches through every stage; 6 updates per epoch (5 groups of 2, then the epoch's last micro-batch).
+    assert all((c.forwards, c.backwards, c.updates) == (33, 33, 18) for c in counters.values())
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("checkpoint-")) == [
+        "checkpoint-12", "checkpoint-18", "checkpoint-6"
+    ]
+
+
+def test_resume_at_an_epoch_end_inside_a_group_equals_the_uninterrupted_run(tmp_path):
+    train = take(load_image_dataset("digits", "train"), 88)
+    full = make_trainer(tmp_path / "full", train=train, max_steps=-1, num_train_epochs=2, save_strategy="epoch")
+    full.train()
+    resumed = make_trainer(tmp_path / "resumed", train=train, init_seed=7, max_steps=-1, num_train_epochs=2)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-6"))
+    assert resumed.state.global_step == 12
+    expected, got = full.model.state_dict(), resumed.model.state_dict()
+    assert all((got[name] == expected[name]).all() for name in expected)
