@@ -16,14 +16,14 @@ import numpy as np
 import yaml
 from transformers import HfArgumentParser, set_seed
 
-from petra_hub import RevNetConfig, RevNetForImageClassification
-from petra_hub.data import collate_image_batch, image_processor_for, load_image_dataset, take
+from petra_hub.data import DATASET_SPECS, collate_image_batch, image_processor_for, load_image_dataset, take
+from petra_hub.models.revnet import PRESETS, RevNetConfig, RevNetForImageClassification
 from petra_hub.training import PetraTrainer, PetraTrainingArguments
 
 
 @dataclass
 class ModelArguments:
-    preset: str = field(default="revnet18", metadata={"help": "revnet18, revnet34, revnet50 or revnet101"})
+    preset: str = field(default="revnet18", metadata={"help": ", ".join(PRESETS)})
     stem: str | None = field(default=None, metadata={"help": "cifar or imagenet; default from the data set"})
     downsampling: str = field(default="buffered", metadata={"help": "buffered (paper) or invertible"})
     hidden_sizes: str | None = field(default="16,32,64,128", metadata={"help": "per-stream widths; 'paper' for the preset's"})
@@ -32,7 +32,7 @@ class ModelArguments:
 
 @dataclass
 class DataArguments:
-    dataset: str = field(default="digits", metadata={"help": "digits, cifar10, cifar100, imagenet32 or imagenet"})
+    dataset: str = field(default="digits", metadata={"help": "; ".join(f"{name}: {spec.description}" for name, spec in DATASET_SPECS.items())})
     data_dir: str | None = field(default=None, metadata={"help": "local files of the data set"})
     hub_id: str | None = field(default=None, metadata={"help": "a Hub data set id instead of local files"})
     max_train_samples: int | None = field(default=None, metadata={"help": "use only the first N training images"})

@@ -10,7 +10,8 @@ from torch.func import functional_call
 
 from petra_hub.engine.batchnorm import batch_norms, frozen_running_stats
 from petra_hub.engine import Mode, Pipeline, Placement, Schedule, StageMismatchError, paper_sgd
-from petra_hub.testing.models import random_images, relative_error, small_model
+from petra_hub.testing.models import random_images, small_model
+from petra_hub.testing.stage_contract import relative_error
 
 DELAYED_MODES = [Mode.PETRA, Mode.DELAYED, Mode.INPUT_BUFFER, Mode.WEIGHT_STASH]
 

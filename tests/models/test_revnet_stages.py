@@ -2,10 +2,11 @@
 
 import pytest
 import torch
-from torch import nn
 
 from petra_hub.engine.batchnorm import batch_norms, frozen_running_stats
-from petra_hub.testing.models import PAPER_LAYOUTS, random_images, relative_error, small_model
+from petra_hub.engine import stage_layout
+from petra_hub.testing.models import PAPER_LAYOUTS, random_images, small_model
+from petra_hub.testing.stage_contract import ReversibleStageContract, reversible_stage_cases
 
 PRESETS = ["revnet18", "revnet34", "revnet50", "revnet101"]
 VARIANTS = [(preset, downsampling) for preset in PRESETS for downsampling in ("buffered", "invertible")]
@@ -37,18 +38,21 @@ def test_stages_in_sequence_equal_the_model(preset, downsampling):
 
 
 @pytest.mark.parametrize("preset,downsampling", VARIANTS)
-def test_every_reversible_stage_inverts_its_output(preset, downsampling):
+def test_reversible_stages_are_the_paper_layout(preset, downsampling):
     model = small_model(preset, downsampling=downsampling)
-    model.train()
-    inputs, _ = stage_inputs(model, random_images(model.config))
-    reversible = [(stage, x) for stage, x in zip(model.get_stages(), inputs) if stage.reversible]
     layout = PAPER_LAYOUTS[preset]
-    assert len(reversible) == (layout.count("R") if downsampling == "buffered" else len(layout) - 2)
-    with torch.no_grad(), frozen_running_stats(model):
-        for stage, x in reversible:
-            rebuilt = stage.inverse(stage(x))
-            for got, want in zip(rebuilt, x):
-                assert relative_error(got, want) < 1e-12
+    assert stage_layout(model.get_stages()) == (layout if downsampling == "buffered" else "S" + "R" * (len(layout) - 2) + "H")
+
+
+class TestRevNetStageContract(ReversibleStageContract):
+    """Exact inverses and the fused backward of every reversible stage, for every preset and downsampling."""
+
+    @pytest.fixture(params=VARIANTS, ids=[f"{p}-{d}" for p, d in VARIANTS])
+    def stage_cases(self, request):
+        preset, downsampling = request.param
+        model = small_model(preset, downsampling=downsampling)
+        model.train()
+        return reversible_stage_cases(model.get_stages(), random_images(model.config))
 
 
 def test_invertible_variant_makes_every_block_reversible():
@@ -57,55 +61,6 @@ def test_invertible_variant_makes_every_block_reversible():
         stages = model.get_stages()
         assert [s.reversible for s in stages[1:-1]] == [True] * (len(stages) - 2)
         assert not stages[0].reversible and not stages[-1].reversible
-
-
-class CallCounter:
-    """Counts the evaluations of every convolution under a module."""
-
-    def __init__(self, module: nn.Module):
-        self.calls = 0
-        self.convs = [m for m in module.modules() if isinstance(m, nn.Conv2d)]
-        self.handles = [m.register_forward_hook(self.hook) for m in self.convs]
-
-    def hook(self, *args):
-        self.calls += 1
-
-    def remove(self):
-        for handle in self.handles:
-            handle.remove()
-
-
-@pytest.mark.parametrize("preset,downsampling", VARIANTS)
-def test_fused_backward_matches_autograd_and_runs_each_function_once(preset, downsampling):
-    model = small_model(preset, downsampling=downsampling)
-    model.train()
-    inputs, _ = stage_inputs(model, random_images(model.config))
-    generator = torch.Generator().manual_seed(3)
-    for stage, x in zip(model.get_stages(), inputs):
-        if not stage.reversible:
-            continue
-        params = list(stage.parameters())
-        # Reference: plain autograd through the forward.
-        leaves = tuple(t.detach().requires_grad_(True) for t in x)
-        with frozen_running_stats(stage):
-            y = stage(leaves)
-        grads = tuple(torch.randn(t.shape, dtype=t.dtype, generator=generator) for t in y)
-        expected = torch.autograd.grad(y, [*leaves, *params], grads)
-        expected_inputs, expected_params = expected[: len(leaves)], expected[len(leaves) :]
-
-        stage.zero_grad(set_to_none=True)
-        counter = CallCounter(stage)
-        with torch.no_grad():
-            y_detached = tuple(t.detach() for t in y)
-            rebuilt, input_grads = stage.reconstruct_and_backward(y_detached, grads)
-        counter.remove()
-        assert counter.calls == len(counter.convs), "each convolution must run exactly once"
-        for got, want in zip(rebuilt, x):
-            assert relative_error(got, want) < 1e-12
-        for got, want in zip(input_grads, expected_inputs):
-            assert relative_error(got, want) < 1e-10
-        for param, want in zip(params, expected_params):
-            assert relative_error(param.grad, want) < 1e-10
 
 
 def running_stats(module):

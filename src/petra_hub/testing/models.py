@@ -31,11 +31,6 @@ def random_images(config: RevNetConfig, batch: int = 4, dtype=torch.float64, see
     return torch.randn(batch, config.num_channels, size, size, generator=generator, dtype=dtype)
 
 
-def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    actual, expected = actual.detach(), expected.detach()
-    return float((actual - expected).norm() / expected.norm().clamp_min(1e-300))
-
-
 # Stage layouts of the paper's table (S stem, R reversible, D non-reversible downsampling, H head).
 PAPER_LAYOUTS = {
     "revnet18": "SRRDRDRDRH",

@@ -1,37 +1,17 @@
 """Smoke test of benchmarks/memory.py on tiny models: it runs, and its numbers have the structure they must."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
-
-import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "memory.py"
 
 
-@pytest.fixture(scope="module")
-def memory_benchmark():
-    spec = importlib.util.spec_from_file_location("benchmark_memory", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop(spec.name, None)
-
-
-def test_fast_run_reports_buffers_per_configuration(memory_benchmark, tmp_path, capsys):
+def test_fast_run_reports_buffers_per_configuration(memory_benchmark, report, tmp_path):
     out = tmp_path / "memory.json"
-    report = memory_benchmark.main(
-        ["--fast", "--models", "revnet18", "--no-depth-study", "--no-table6", "--json", str(out)]
-    )
-    assert json.loads(out.read_text())["models"].keys() == report["models"].keys()
-    printed = capsys.readouterr().out
-    assert "| petra |" in printed and "saving vs delayed" in printed
+    arguments = ["--fast", "--models", "revnet18", "--no-depth-study", "--no-table6", "--out", str(out)]
+    results = memory_benchmark.main(arguments)
+    assert json.loads(out.read_text())["models"].keys() == results["models"].keys()
+    rendered = report.render("memory/totals/revnet18-buffered", tmp_path)
+    assert "| petra |" in rendered and "saving vs delayed" in rendered
 
-    buffered = report["models"]["revnet18 buffered"]
+    buffered = results["models"]["revnet18 buffered"]
     assert buffered["layout"] == "SRRDRDRDRH"
     modes = buffered["modes"]
     J = len(buffered["layout"])
@@ -51,10 +31,10 @@ def test_fast_run_reports_buffers_per_configuration(memory_benchmark, tmp_path, 
     assert summary["delayed"]["total_gb"] > summary["weight_stash"]["total_gb"] > summary["petra"]["total_gb"]
 
     # Every reversible stage in the invertible model: PETRA keeps only the stem's images.
-    invertible = report["models"]["revnet18 invertible"]["modes"]["petra"]["stages"]
+    invertible = results["models"]["revnet18 invertible"]["modes"]["petra"]["stages"]
     assert all(s["activation_bytes"] == 0 for s in invertible[1:])
 
     # Stored inputs are exactly linear in the micro-batch.
     for name in ("delayed", "input_buffer", "weight_stash", "petra", "reversible_backprop"):
-        assert report["batch_check"][name]["ratio"] == 2.0
-        assert report["batch_check"][name]["stash_unchanged"]
+        assert results["batch_check"][name]["ratio"] == 2.0
+        assert results["batch_check"][name]["stash_unchanged"]

@@ -1,0 +1,77 @@
+"""benchmarks/report.py rewrites only the marked regions of the docs, from the benchmarks' JSON files."""
+
+import json
+import re
+from pathlib import Path
+
+DOCS = sorted((Path(__file__).resolve().parents[2] / "docs").glob("benchmarks*.md"))
+
+ACCURACY = {
+    "benchmark": "accuracy_digits",
+    "settings": {"seeds": [0, 1]},
+    "summary": [
+        {"config": "backprop", "mode": "backprop", "k": 1, "learning_rate": 0.05, "optimizer_steps": 90,
+         "accuracies": [99.0, 98.0], "mean": 98.5, "std": 0.71, "min": 98.0, "max": 99.0, "mean_wall_s": 3.2},
+        {"config": "petra-k2", "mode": "petra", "k": 2, "learning_rate": 0.1, "optimizer_steps": 45,
+         "accuracies": [97.0, 98.0], "mean": 97.5, "std": 0.71, "min": 97.0, "max": 98.0, "mean_wall_s": 4.0,
+         "gap_mean": -1.0, "gap_std": 1.41},
+    ],
+}  # fmt: skip
+
+DOC = """# Title
+
+Hand-written text, with `<!-- table:NAME -->` quoted inline.
+
+<!-- table:acc/main -->
+| old | table |
+|---|---|
+| 1 | 2 |
+<!-- /table:acc/main -->
+
+More text | with a pipe.
+
+<!-- table:acc/summary -->
+<!-- /table:acc/summary -->
+
+<!-- table:missing/main -->
+kept as it is
+<!-- /table:missing/main -->
+The end.
+"""
+
+
+def test_renders_tables_into_marked_regions_only(report, tmp_path, capsys):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "acc.json").write_text(json.dumps(ACCURACY))
+    doc = tmp_path / "doc.md"
+    doc.write_text(DOC)
+
+    assert report.main(["--results", str(results), "--docs", str(doc), "--check"]) == 1
+    assert doc.read_text() == DOC  # --check writes nothing
+    assert report.main(["--results", str(results), "--docs", str(doc)]) == 0
+    text = doc.read_text()
+    assert "| old | table |" not in text
+    main = text.split("<!-- table:acc/main -->\n")[1].split("<!-- /table:acc/main -->")[0]
+    assert main.splitlines()[0].startswith("| configuration | mode | k |")
+    assert "| per seed (0, 1) |" in main.splitlines()[0]
+    assert "| petra-k2 | petra | 2 | 0.1 | 45 | 97.50 ± 0.71 |" in main
+    assert "| -1.00 ± 1.41 | 4 |" in main and "| (reference) | 3 |" in main
+    assert "| backprop | PETRA k=2 |" in text and "| 98.50 ± 0.71 | 97.50 ± 0.71 |" in text
+    # Outside the regions, and in the region whose results are missing, nothing changed.
+    outside = re.sub(r"<!-- table:(acc/\w+) -->\n.*?<!-- /table:\1 -->", "", text, flags=re.S)
+    assert outside == re.sub(r"<!-- table:(acc/\w+) -->\n.*?<!-- /table:\1 -->", "", DOC, flags=re.S)
+    assert "kept as it is" in text
+    assert "missing/main: skipped" in capsys.readouterr().out
+    # Rendering again changes nothing.
+    assert report.main(["--results", str(results), "--docs", str(doc), "--check"]) == 0
+
+
+def test_every_marker_in_the_docs_names_a_known_table(report):
+    for doc in DOCS:
+        text = doc.read_text()
+        names = [m["name"] for m in report.MARKER.finditer(text)]
+        assert len(names) == len(re.findall(r"^<!-- table:", text, flags=re.M)), f"unclosed marker in {doc.name}"
+        for name in names:
+            result, table = name.split("/")[:2]
+            assert any(result.startswith(b) and table in report.RENDERERS[b] for b in report.RENDERERS), name
