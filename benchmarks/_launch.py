@@ -1,12 +1,9 @@
-"""Start a function on N fresh CPU processes (a gloo group over TCP when N > 1) and collect what each returns.
-
-Used by `benchmarks/throughput.py`; a thin layer over `petra_hub.engine.spawn.run_ranks` (one intra-op thread per
-process, hard deadline) that raises on failure and can add variables to the children's environment.
-"""
+"""`launch`: `petra_hub.testing.ranks.run_ranks` for the benchmarks, raising on failure, with extra environment."""
 
 from __future__ import annotations
 
 import os
+from unittest import mock
 
 from petra_hub.testing.ranks import SINGLE_THREAD_ENV, run_ranks
 
@@ -23,27 +20,11 @@ class LaunchError(RuntimeError):
     pass
 
 
-def launch(
-    function,
-    world_size: int,
-    *args,
-    deadline: float = 3600.0,
-    pg_timeout: float = 600.0,
-    env: dict[str, str] | None = None,
-) -> list:
-    """Run `function(rank, world_size, *args)` (a module-level function) on `world_size` spawned processes and
-    return the per-rank values. `env` is added to the children's environment (they inherit ours at start-up).
-    Raises LaunchError with the first failing rank's traceback if a process fails, dies or misses the deadline."""
-    saved = {key: os.environ.get(key) for key in env or {}}
-    os.environ.update(env or {})
-    try:
-        results, codes, _started = run_ranks(function, world_size, *args, deadline=deadline, pg_timeout=pg_timeout)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+def launch(function, world_size: int, *args, deadline: float = 3600.0, pg_timeout: float = 600.0, env=None) -> list:
+    """Run `function(rank, world_size, *args)` (a module-level function) on `world_size` spawned processes, with
+    `env` added to their environment, and return the per-rank values; raise LaunchError if a rank fails."""
+    with mock.patch.dict(os.environ, env or {}):  # the children inherit it at start-up
+        results, codes, _ = run_ranks(function, world_size, *args, deadline=deadline, pg_timeout=pg_timeout)
     for rank, (result, code) in enumerate(zip(results, codes)):
         if result is None or "error" in result:
             detail = result["traceback"] if result else f"exit code {code} (None: killed at the {deadline:g}s deadline)"

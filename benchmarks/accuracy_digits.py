@@ -1,25 +1,14 @@
 #!/usr/bin/env python
 """Final test accuracy of PETRA against backprop on the embedded scikit-learn digits (1437 train / 360 test).
 
-    python benchmarks/accuracy_digits.py                     # 6 configurations x 3 seeds x 12 epochs (~20 min)
-    python benchmarks/accuracy_digits.py --quick             # 1 seed, 1 epoch: checks that everything runs
-    python benchmarks/accuracy_digits.py --configs backprop petra-k2 --seeds 0 1 2 3 4 --json out.json
+    python benchmarks/accuracy_digits.py             # 6 configurations x 3 seeds x 12 epochs (~15 min)
+    python benchmarks/accuracy_digits.py --quick     # 1 seed, 1 epoch (~1 min): accuracy_digits-quick.json
+    python benchmarks/accuracy_digits.py --configs backprop petra-k2 --seeds 0 1 2 3 4 --out out.json
 
-Every run is the recipe's `run(argv)` (`recipes/train_revnet.py`, loaded with `runpy`), in this one process,
-sequentially, one intra-op thread: the same small RevNet18 (widths 16,32,64,128, J = 10 pipeline stages), the
-same data, the same number of epochs (so the same samples seen), micro-batch 32, SGD Nesterov 0.9, weight decay
-5e-4, cosine schedule with 5 % linear warm-up. Only the training mode and k (`gradient_accumulation_steps`) change.
-
-Learning rate: the paper's linear scaling, `--learning_rate 0.4 --petra_scale_lr true`, i.e.
-lr = 0.4 * 32 * k / 256 = 0.05 * k (0.05 for every k = 1 row, the recipe's default). With k > 1 the same epochs
-give k times fewer optimizer steps.
-
-The seed (`--seed`) fixes both the initial weights and the data order / augmentation; for a given seed every
-configuration starts from the same weights and reads the same micro-batches, so differences to backprop are also
-reported paired by seed.
-
-A configuration is `MODE` or `MODE-kN`, MODE one of backprop, reversible_backprop, delayed, input_buffer,
-weight_stash, petra (e.g. `petra-k4`, `delayed`, `backprop-k2`).
+Every run is the recipe's `run(argv)` (`recipes/train_revnet.py`, loaded with `runpy`) in this process, one after
+the other, one intra-op thread; only the mode and k change, and the learning rate follows the paper's linear
+scaling (lr = 0.4 * 32 * k / 256). A configuration is `MODE` or `MODE-kN` (e.g. `petra-k4`, `delayed`,
+`backprop-k2`). Setup and discussion: docs/benchmarks-accuracy.md; tables: `python benchmarks/report.py`.
 """
 
 from __future__ import annotations
@@ -27,9 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import os
-import platform
 import runpy
 import statistics
 import sys
@@ -37,11 +24,24 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RECIPE = ROOT / "recipes" / "train_revnet.py"
+# Read when transformers / huggingface_hub are imported (by common, through petra_hub).
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+from common import add_out_argument, load_average, progress, results_path, write_results  # noqa: E402
+from petra_hub.engine import Mode  # noqa: E402
+
+RECIPE = HERE.parent / "recipes" / "train_revnet.py"
 
 DEFAULT_CONFIGS = ["backprop", "reversible_backprop", "delayed", "petra-k1", "petra-k2", "petra-k4"]
-MODES = ("backprop", "reversible_backprop", "delayed", "input_buffer", "weight_stash", "petra")
+MODES = tuple(Mode.names())
 BASE_LR = 0.4  # with --petra_scale_lr: lr = 0.4 * micro_batch * k / 256
 MICRO_BATCH = 32
 BASELINE = "backprop"
@@ -80,7 +80,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     parser.add_argument("--quick", action="store_true", help="1 seed, 1 epoch: a smoke test of the script")
     parser.add_argument("--verbose", action="store_true", help="show the Trainer's own log lines of every run")
-    parser.add_argument("--json", type=Path, default=None, help="write every run and the summary here")
+    add_out_argument(parser, "accuracy_digits")
     args = parser.parse_args(argv)
     args.configs = args.configs or list(DEFAULT_CONFIGS)
     args.seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
@@ -136,7 +136,7 @@ def one_run(run, mode: str, k: int, seed: int, epochs: float, workdir: str, verb
         "seed": seed,
         "epochs": epochs,
         "num_stages": len(trainer.stages),
-        "learning_rate": trainer._learning_rate(),
+        "learning_rate": trainer.args.micro_batch_learning_rate(),
         "optimizer_steps": trainer.state.global_step,
         "test_accuracy": metrics["eval_accuracy"],
         "test_loss": metrics["eval_loss"],
@@ -179,42 +179,15 @@ def summarise(runs: list[dict], configs: list[str]) -> list[dict]:
     return rows
 
 
-def markdown_table(rows: list[dict]) -> str:
-    lines = [
-        "| configuration | mode | k | lr | optimizer steps | test accuracy % (mean ± std) | min | max | per seed "
-        "| gap to backprop (pts, paired mean ± std) | s / run |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
-    ]
-    for r in rows:
-        if "gap_mean" in r:
-            gap = f"{r['gap_mean']:+.2f} ± {r['gap_std']:.2f}"
-        else:
-            gap = "(reference)" if r["config"] == BASELINE else "n/a"
-        per_seed = ", ".join(f"{a:.2f}" for a in r["accuracies"])
-        lines.append(
-            f"| {r['config']} | {r['mode']} | {r['k']} | {r['learning_rate']:g} | {r['optimizer_steps']} | "
-            f"{r['mean']:.2f} ± {r['std']:.2f} | {r['min']:.2f} | {r['max']:.2f} | {per_seed} | {gap} | "
-            f"{r['mean_wall_s']:.0f} |"
-        )
-    return "\n".join(lines)
-
-
-def main(argv=None) -> None:
+def main(argv=None) -> dict:
     args = parse_args(argv)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch
-    import transformers
-
     torch.set_num_threads(args.threads)
     run = runpy.run_path(str(RECIPE))["run"]
     plan = [(name, *parse_config(name), seed) for seed in args.seeds for name in args.configs]
-    print(
-        f"# {len(args.configs)} configurations x {len(args.seeds)} seeds, {args.epochs:g} epochs, "
-        f"micro-batch {MICRO_BATCH}, lr = {BASE_LR} * {MICRO_BATCH} * k / 256, "
-        f"J = {args.num_stages or 'model default'}; torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
-        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}",
-        flush=True,
+    progress(
+        f"{len(args.configs)} configurations x {len(args.seeds)} seeds, {args.epochs:g} epochs, micro-batch "
+        f"{MICRO_BATCH}, lr = {BASE_LR} * {MICRO_BATCH} * k / 256, J = {args.num_stages or 'model default'}; "
+        f"{torch.get_num_threads()} thread(s), load average {load_average()}"
     )
     runs: list[dict] = []
     start = time.perf_counter()
@@ -222,42 +195,31 @@ def main(argv=None) -> None:
         for index, (name, mode, k, seed) in enumerate(plan, 1):
             r = one_run(run, mode, k, seed, args.epochs, workdir, args.verbose, args.num_stages)
             runs.append(r)
-            print(
+            progress(
                 f"[{index}/{len(plan)}] {name:20s} seed {seed}: test accuracy {100 * r['test_accuracy']:.2f} %, "
                 f"lr {r['learning_rate']:g}, {r['optimizer_steps']} steps, {r['wall_s']:.1f} s "
-                f"(load {os.getloadavg()[0]:.2f})",
-                flush=True,
+                f"(load {load_average()})"
             )
     total = time.perf_counter() - start
     rows = summarise(runs, args.configs)
-    table = markdown_table(rows)
-    print()
-    print(table)
-    print(f"\ntotal wall time {total:.0f} s ({total / 60:.1f} min) for {len(runs)} runs")
-    if args.json:
-        payload = {
-            "settings": {
-                "configs": args.configs,
-                "seeds": args.seeds,
-                "epochs": args.epochs,
-                "num_stages": runs[0]["num_stages"] if runs else None,
-                "micro_batch": MICRO_BATCH,
-                "base_learning_rate": BASE_LR,
-                "petra_scale_lr": True,
-                "threads": torch.get_num_threads(),
-                "cpus": os.cpu_count(),
-                "torch": torch.__version__,
-                "transformers": transformers.__version__,
-                "python": platform.python_version(),
-                "argv": sys.argv,
-            },
-            "runs": runs,
-            "summary": rows,
-            "total_wall_s": total,
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(payload, indent=2))
-        print(f"wrote {args.json}")
+    for row in rows:
+        progress(f"{row['config']:20s} test accuracy {row['mean']:.2f} ± {row['std']:.2f} %")
+    progress(f"total wall time {total:.0f} s ({total / 60:.1f} min) for {len(runs)} runs")
+    settings = {
+        "configs": args.configs,
+        "seeds": args.seeds,
+        "epochs": args.epochs,
+        "num_stages": runs[0]["num_stages"] if runs else None,
+        "micro_batch": MICRO_BATCH,
+        "base_learning_rate": BASE_LR,
+        "petra_scale_lr": True,
+        "threads": torch.get_num_threads(),
+        "transformers": transformers.__version__,
+    }
+    out = results_path(args.out, "accuracy_digits", args.quick)
+    return write_results(
+        out, "accuracy_digits", "accuracy_digits.py", argv, settings, runs=runs, summary=rows, total_wall_s=total
+    )
 
 
 if __name__ == "__main__":

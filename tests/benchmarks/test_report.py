@@ -75,3 +75,17 @@ def test_every_marker_in_the_docs_names_a_known_table(report):
         for name in names:
             result, table = name.split("/")[:2]
             assert any(result.startswith(b) and table in report.RENDERERS[b] for b in report.RENDERERS), name
+
+
+def test_throughput_tables_render_from_a_quick_run(report):
+    """data/throughput-quick.json: the results of `python benchmarks/throughput.py --quick` (2 processes)."""
+    data = Path(__file__).resolve().parent / "data"
+    result = json.loads((data / "throughput-quick.json").read_text())
+    J, methods = len(result["one"]["layout"]), 4 + len(result["settings"]["pp_microbatches"])
+    tables = {name: report.render(f"throughput-quick/{name}", data) for name in report.RENDERERS["throughput"]}
+    assert len(tables["stages"].splitlines()[0].split(" | ")) == J + 1
+    two = tables["two-processes"].splitlines()
+    assert len(two) == 2 + methods and two[2].startswith("| PETRA, steady state") and "| - |" in two[2]
+    assert len(tables["ratios"].splitlines()) == 2 + methods - 1
+    assert tables["partition"].count("\n") == 3  # header, rule, one row per rank
+    assert "`python benchmarks/throughput.py --quick" in tables["run"]

@@ -1,0 +1,469 @@
+"""Write the benchmarks' tables into the docs, from the JSON files the benchmarks write.
+
+    python benchmarks/report.py                 # every docs/benchmarks*.md, from benchmarks/results/*.json
+    python benchmarks/report.py --results DIR --docs docs/benchmarks-memory.md
+    python benchmarks/report.py --check         # exit 1 if a table differs from what its JSON gives
+    python benchmarks/report.py --list          # the tables each benchmark offers
+
+Only the text between `<!-- table:NAME -->` and `<!-- /table:NAME -->` is rewritten; everything else in the docs
+is written by hand. NAME is RESULT/TABLE or RESULT/TABLE/ARG: RESULT names the file RESULT.json in the results
+folder, TABLE a table of the benchmark that wrote it (its "benchmark" field), ARG what that table needs (a model,
+a downsampling). A region whose file is missing, or lacks what the table needs, is left as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+DOCS = sorted((ROOT / "docs").glob("benchmarks*.md"))
+MARKER = re.compile(r"<!-- table:(?P<name>\S+) -->\n.*?<!-- /table:(?P=name) -->", re.S)
+GB, MIB = 1e9, 2**20
+
+
+class Missing(Exception):
+    """The results file does not hold what the table needs (e.g. a partial run)."""
+
+
+class UnknownTable(ValueError):
+    """A marker names a table that its results file's benchmark does not offer."""
+
+
+def need(mapping: dict, key):
+    if key not in mapping:
+        raise Missing(f"no {key!r}")
+    return mapping[key]
+
+
+# -- formatting ------------------------------------------------------------------------------------------------------
+def table(header: list[str], rows: list[list], align: str | None = None) -> str:
+    align = align or "l" + "r" * (len(header) - 1)
+    rule = "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"
+    lines = ["| " + " | ".join(str(cell) for cell in row) + " |" for row in [header, *rows]]
+    return "\n".join([lines[0], rule, *lines[1:]])
+
+
+def ms(seconds: float) -> str:
+    return f"{1e3 * seconds:.1f}"
+
+
+def mib(size: float) -> str:
+    return f"{size / MIB:.1f}"
+
+
+def percent(fraction) -> str:
+    return "-" if fraction is None else f"{100 * fraction:.1f}%"
+
+
+def summary(values: list[float]) -> tuple[float, float, float]:
+    return statistics.median(values), min(values), max(values)
+
+
+def per_rank_median(rows: list[list[float]]) -> list[float]:
+    """Median over repetitions of each rank's value (rows: one list of per-rank values per repetition)."""
+    return [statistics.median(column) for column in zip(*rows)]
+
+
+# -- memory ----------------------------------------------------------------------------------------------------------
+def model_title(label: str) -> list[str]:
+    preset, downsampling = label.split(" ")
+    return [preset.replace("revnet", "RevNet"), downsampling]
+
+
+def memory_headline(r, arg=None, without_stem=True):
+    rows = []
+    for label, model in r["models"].items():
+        delayed, petra = need(model["summary"], "delayed"), need(model["summary"], "petra")
+        row = [*model_title(label), f"{delayed['total_gb']:.2f}", f"{petra['total_gb']:.2f}"]
+        row.append(percent(petra["saving_vs_delayed"]))
+        if without_stem:
+            row.append(f"{delayed['total_without_stem_gb']:.2f} -> {petra['total_without_stem_gb']:.2f}")
+            row.append(percent(petra["saving_vs_delayed_without_stem"]))
+        rows.append(row)
+    header = ["model", "downsampling", "delayed (GB)", "PETRA (GB)", "saving"]
+    if without_stem:
+        header += ["without the stem's image buffer: delayed -> PETRA", "saving"]
+    return table(header, rows, "ll" + "r" * (len(header) - 2))
+
+
+def memory_totals(r, arg):
+    model = need(r["models"], arg.replace("-", " "))
+    rows = []
+    for name, s in model["summary"].items():
+        rows.append([
+            name if s["pipelined"] else f"{name} (1 micro-batch)", s["input_buffer"], s["weight_stash"],
+            f"{s['activations_gb']:.2f}", f"{s['stem_gb']:.2f}", f"{s['stash_gb']:.2f}", f"{s['params_gb']:.3f}",
+            f"**{s['total_gb']:.2f}**", percent(s["saving_vs_delayed"]), f"{s['total_without_stem_gb']:.2f}",
+            percent(s["saving_vs_delayed_without_stem"]),
+        ])  # fmt: skip
+    header = [
+        "configuration", "input buffer", "weight stash", "activations (GB)", "of which stem (GB)",
+        "weight stash (GB)", "model (GB)", "model + buffers (GB)", "saving vs delayed",
+        "model + buffers without the stem's buffer (GB)", "saving",
+    ]  # fmt: skip
+    return table(header, rows, "lll" + "r" * 8)
+
+
+def memory_stages(r, arg):
+    """Per stage: activations (scaled) plus weight stash, in GB, one column per configuration."""
+    modes, scale = need(r["models"], arg.replace("-", " "))["modes"], r["scale"]
+    names = list(modes)
+    buffers = {n: [s["activation_bytes"] * scale + s["stash_bytes"] for s in modes[n]["stages"]] for n in names}
+    pipelined = [n for n in names if any(s["in_flight"] for s in modes[n]["stages"])]
+    rows = []
+    for i, stage in enumerate(modes[names[0]]["stages"]):
+        in_flight = modes[pipelined[0]]["stages"][i]["in_flight"] if pipelined else 0
+        rows.append([i, stage["kind"], in_flight] + [f"{buffers[n][i] / GB:.3f}" for n in names])
+    rows.append(["all", "", ""] + [f"{sum(buffers[n]) / GB:.2f}" for n in names])
+    return table(["stage", "kind", "in flight"] + [f"{n} (GB)" for n in names], rows, "llr" + "r" * len(names))
+
+
+def memory_check(r, arg):
+    check = need(r, f"{arg}_check")
+    (b1, s1), (b2, s2) = next(iter(check.values()))["measured_at"]
+    expected = next(iter(check.values()))["expected"]
+    rows = []
+    for name, c in check.items():
+        ratios = c["stage_ratios"]
+        spread = f"{min(ratios):.4f} .. {max(ratios):.4f}" if ratios else "-"
+        a, b = c["bytes"]
+        rows.append([name, f"{a:,}", f"{b:,}", f"{c['ratio']:.4f}", spread, "yes" if c["stash_unchanged"] else "NO"])
+    header = [
+        "configuration", f"activations, b={b1} {s1}x{s1} (bytes)", f"b={b2} {s2}x{s2} (bytes)",
+        f"ratio (expected {expected:.4f})", "per-stage ratios", "stash unchanged",
+    ]  # fmt: skip
+    return table(header, rows, "lrrrrl")
+
+
+def memory_depth(r, arg):
+    study = need(need(r, "depth_study"), arg)
+    header, rows = ["J", "layout"], []
+    for J, entry in study.items():
+        row = [J, entry["layout"]]
+        for name, m in entry["modes"].items():
+            worst = m["max_stage"]
+            row += [f"{m['max_stage_mb']:,.1f} ({worst}{entry['layout'][worst]})", f"{m['total_mb']:,.1f}"]
+            if len(rows) == 0:
+                header += [f"{name}: largest stage (MB)", f"{name}: all stages (MB)"]
+        rows.append(row)
+    return table(header, rows, "ll" + "r" * (len(header) - 2))
+
+
+def memory_table6(r, arg=None):
+    presets = need(r, "table6")
+    header = ["stage"] + [f"{p} {column}" for p in presets for column in ("kind", "in flight", "buffer (GB)")]
+    rows = []
+    for i in range(max(len(t["layout"]) for t in presets.values())):
+        row = [i]
+        for t in presets.values():
+            row += [t["layout"][i], t["in_flight"][i], f"{t['buffer_gb'][i]:.3f}"] if i < len(t["layout"]) else [""] * 3
+        rows.append(row)
+    return table(header, rows, "l" + "lrr" * len(presets))
+
+
+# -- throughput ------------------------------------------------------------------------------------------------------
+def figures(r) -> dict:
+    """What the throughput tables share: per-rank groups and costs, medians, busy cores."""
+    one, two, split = r["one"], r["two"], r["partition"][0]
+    times = two["times"]
+    f = {"layout": one["layout"], "groups": [range(split), range(split, len(one["layout"]))], "times": times}
+    f["rank_ms"] = [sum(one["stage_ms"][i] for i in g) for g in f["groups"]]
+    f["balance"] = sum(f["rank_ms"]) / max(f["rank_ms"])
+    f["med"] = {name: statistics.median(values) for name, values in times.items()}
+    f["cpu"] = {name: per_rank_median(rows) for name, rows in two["cpu"].items()}
+    f["exchange"] = {name: per_rank_median(rows) for name, rows in two["exchange"].items()}
+    f["busy"] = {k: statistics.median(sum(c) / t for c, t in zip(two["cpu"][k], times[k])) for k in times}
+    f["vs"] = {name: value / f["med"]["petra"] for name, value in f["med"].items()}
+    f["fastest"] = {name: min(values) / min(times["petra"]) for name, values in times.items()}
+    return f
+
+
+def one_f_one_b(r) -> list[tuple[str, int]]:
+    return [(f"1f1b_m{m}", m) for m in r["settings"]["pp_microbatches"]]
+
+
+def throughput_run(r, arg=None):
+    s, m, one = r["settings"], r["machine"], r["one"]
+    w, size, layout = s["width"], s["image_size"], one["layout"]
+    malloc = r["malloc"] if isinstance(r["malloc"], str) else ", ".join(f"{k}={v}" for k, v in r["malloc"].items())
+    rows = [
+        ["command", f"`{r['command']}`"],
+        ["date, run time", f"{r['date']}, {r['elapsed_s'] / 60:.1f} min"],
+        ["machine", f"`nproc` {m['nproc']} (CPUs this process may run on: {m['affinity']}); CPU: {m['cpu']}"],
+        ["software", f"torch {m['torch']}, Python {m['python']}, {m['platform']}"],
+        ["model", f"RevNet18, stages {' '.join(layout)} (J = {len(layout)}), CIFAR stem, stream widths "
+                  f"{w}/{2 * w}/{4 * w}/{8 * w}, {size}x{size} random images ({mib(one['image_bytes'])} MiB per "
+                  f"micro-batch), 10 classes, micro-batch {s['batch']}, float32"],
+        ["optimizer", f"SGD (lr {s['lr']:g}, momentum 0.9): after every micro-batch for the engine modes (k = 1), "
+                      "after every `step()` for 1F1B"],
+        ["timing", f"N = {s['micro_batches']} micro-batches per window, {s['repeats']} windows per method"],
+        ["load average (1, 5, 15 min) at start / after part 1 / at the end", " / ".join(r["loads"])],
+        ["malloc", malloc],
+    ]  # fmt: skip
+    return table(["run", ""], rows, "ll")
+
+
+def throughput_stages(r, arg=None):
+    one, f = r["one"], figures(r)
+    header = ["stage"] + [f"{i} {letter}" for i, letter in enumerate(f["layout"])]
+    rows = [
+        ["ms per micro-batch (fwd + bwd + update)"] + [f"{c:.1f}" for c in one["stage_ms"]],
+        [f"rank (partition {r['partition']})"] + [rank for rank, g in enumerate(f["groups"]) for _ in g],
+        ["PETRA FIFO, steady state (MiB)"] + [mib(b) for b in one["fifo_bytes"]],
+    ]
+    return table(header, rows)
+
+
+def throughput_partition(r, arg=None):
+    f = figures(r)
+    rows = [[rank, f"{g[0]}-{g[-1]}", f"{f['rank_ms'][rank]:.1f}"] for rank, g in enumerate(f["groups"])]
+    return table(["rank", "stages", "CPU ms per tick (sum of its stages' costs)"], rows, "llr")
+
+
+def method_labels(r) -> dict[str, str]:
+    labels = {
+        "petra": 'PETRA, steady state (`mode="petra"`, k = 1)',
+        "petra_drain": f"PETRA, {r['settings']['micro_batches']} micro-batches from empty, fill + drain included",
+        "reversible_backprop": "naive MP: engine `reversible_backprop` (synchronous)",
+        "backprop": "naive MP: engine `backprop` (synchronous, keeps the graph)",
+    }
+    return labels | {name: f"`Schedule1F1B` + checkpoint, n_microbatches = {m}" for name, m in one_f_one_b(r)}
+
+
+def throughput_two_processes(r, arg=None):
+    f, rows = figures(r), []
+    for name, label in method_labels(r).items():
+        median, low, high = summary(f["times"][name])
+        exchange = " / ".join(map(ms, f["exchange"][name])) if name in f["exchange"] else "n/a"
+        faulted = statistics.median(max(row) for row in r["two"]["faults"][name])
+        rows.append([
+            label, ms(median), ms(low), ms(high), "-" if name == "petra" else f"{f['vs'][name]:.2f}x",
+            " / ".join(map(ms, f["cpu"][name])), exchange, f"{f['busy'][name]:.2f}", f"{faulted:.0f}",
+        ])  # fmt: skip
+    header = [
+        "method", "ms / micro-batch", "min", "max", "PETRA faster by", "CPU ms/mb, rank 0 / 1",
+        "in exchange ms/mb, rank 0 / 1", "cores busy", "page faults / mb",
+    ]  # fmt: skip
+    return table(header, rows)
+
+
+def throughput_exchange(r, arg=None):
+    one, layout, split = r["one"], r["one"]["layout"], r["partition"][0]
+    boundary = one["output_bytes"][split - 1]
+    reversible = layout[split - 1] == "R"
+    if reversible:
+        back = "reversible: the rebuilt activation and its gradient go back"
+    else:
+        back = "not reversible: only its gradient goes back"
+    row = [f"after stage {split - 1} {layout[split - 1]} ({back})", mib(boundary),
+           mib((2 if reversible else 1) * boundary), ms(max(r["two"]["info"]["bare_exchange"]))]  # fmt: skip
+    header = ["boundary", "forward message (MiB)", "backward message (MiB)", "bare exchange (ms, median of 20)"]
+    return table(header, [row])
+
+
+def throughput_ratios(r, arg=None):
+    f, n = figures(r), r["settings"]["micro_batches"]
+    petra_bound = max(f["cpu"]["petra"])
+    cpu_bound = {mode: sum(f["cpu"][mode]) / petra_bound for mode in ("reversible_backprop", "backprop")}
+    rows = []
+    for mode, ideal, why in (
+        ("reversible_backprop", f["balance"], "same work per micro-batch, no overlap; ideal = sum / max of the "
+         "rank costs"),
+        ("backprop", 0.75 * f["balance"], "no reconstruction: about 3/4 of PETRA's work"),
+    ):
+        ratio = f"{f['vs'][mode]:.2f}x"
+        rows.append([f"naive MP, `{mode}`", f"**{ratio}**" if mode == "reversible_backprop" else ratio,
+                     f"{f['fastest'][mode]:.2f}x", f"{ideal:.2f}x", f"{cpu_bound[mode]:.2f}x", why])  # fmt: skip
+    for name, m in one_f_one_b(r):
+        rows.append([f"`Schedule1F1B` + checkpoint, m = {m}", f"{f['vs'][name]:.2f}x", f"{f['fastest'][name]:.2f}x",
+                     f"{(m + 1) / m:.2f}x", "-", "same work (checkpoint = 1 extra forward); bubble (p-1)/(m+p-1)"])
+    rows.append([f"itself with fill + drain ({n} micro-batches)", f"{f['vs']['petra_drain']:.2f}x the steady cost",
+                 f"{f['fastest']['petra_drain']:.2f}x", f"<= {(n + r['one']['latency'] - 1) / n:.2f}x", "-",
+                 "N + 2(J-1) ticks for N micro-batches, fill/drain ticks are partly idle"])  # fmt: skip
+    header = ["PETRA (steady state) against", "measured (medians)", "fastest windows", "ideal here", "from CPU times"]
+    return table(header + ["why"], rows, "lrrrrl")
+
+
+def throughput_memory(r, arg=None):
+    one, f = r["one"], figures(r)
+    graphs, held = one["graph_bytes"], r["two"]["info"]["petra_held_bytes"]
+
+    def row(label, cells):
+        return [label] + [f"{mib(h)} + {mib(t)} = **{mib(h + t)}**" for h, t in cells]
+
+    groups = f["groups"]
+    rows = [
+        row("PETRA", [(held[rank], max(graphs[i] for i in g)) for rank, g in enumerate(groups)]),
+        row("naive `reversible_backprop`", [(0, max(graphs[i] for i in g)) for g in groups]),
+        row("naive `backprop` (one graph)", [(sum(graphs[i] for i in g), 0) for g in groups]),
+    ]
+    for _, m in one_f_one_b(r):
+        cells = []
+        for rank, g in enumerate(groups):
+            stored = min(m, len(groups) - rank) * (one["input_bytes"][g[0]] + one["output_bytes"][g[-1]])
+            cells.append((stored + (m * one["image_bytes"] if rank == 0 else 0), sum(graphs[i] for i in g)))
+        rows.append(row(f"`Schedule1F1B` + checkpoint, m = {m}", cells))
+    return table(["method", "rank 0: held + transient = total", "rank 1: held + transient = total"], rows, "lrr")
+
+
+def throughput_one_process(r, arg=None):
+    one, n, rows = r["one"], r["settings"]["micro_batches"], []
+    for label, key in (("plain `model(x)`; `loss.backward()`; `opt.step()`", "plain"),
+                       ('`Pipeline(stages, mode="petra")`, steady state', "petra")):  # fmt: skip
+        median, low, high = summary([t / n for t in one["times"][key]])
+        cpu, faults = statistics.median(one["cpu"][key]) / n, statistics.median(one["faults"][key])
+        rows.append([label, ms(median), ms(low), ms(high), ms(cpu), f"{faults:.0f}"])
+    header = ["loop", "wall ms / micro-batch", "min", "max", "CPU ms / micro-batch", "page faults / mb"]
+    return table(header, rows)
+
+
+def throughput_one_process_ratio(r, arg=None):
+    one = r["one"]
+    split = one["plain_split"]
+    wall = statistics.median(p / b for p, b in zip(one["times"]["petra"], one["times"]["plain"]))
+    cpu = statistics.median(p / b for p, b in zip(one["cpu"]["petra"], one["cpu"]["plain"]))
+    expected = (2 * split["forward"] + split["backward"] + split["step"]) / sum(split.values())
+    header = ["PETRA / plain, wall time", "PETRA / plain, CPU time", "plain forward F (ms)", "backward B (ms)",
+              "SGD step U (ms)", "predicted (2F + B + U) / (F + B + U)", "paper's FLOP model"]  # fmt: skip
+    row = [f"**{wall:.2f}**", f"{cpu:.2f}", ms(split["forward"]), ms(split["backward"]), ms(split["step"]),
+           f"{expected:.2f}", "4/3 = 1.33"]  # fmt: skip
+    return table(header, [row], "r" * len(header))
+
+
+def throughput_summary(r, arg=None):
+    f = figures(r)
+    names = [name for name, _ in one_f_one_b(r)]
+    ms_of = " / ".join(ms(f["med"][name]) for name in names)
+    rows = [
+        ["PETRA (steady state)", ms(f["med"]["petra"]), "-"],
+        ["naive model parallelism, same work (`reversible_backprop`, synchronous)",
+         ms(f["med"]["reversible_backprop"]), f"**{f['vs']['reversible_backprop']:.2f}x**"],
+        ["naive model parallelism, `backprop` (no reconstruction)", ms(f["med"]["backprop"]),
+         f"{f['vs']['backprop']:.2f}x"],
+        [f"`torch.distributed.pipelining` `Schedule1F1B` + checkpointing, "
+         f"{' / '.join(str(m) for _, m in one_f_one_b(r))} micro-batches per step",
+         ms_of, " / ".join(f"{f['vs'][name]:.2f}x" for name in names)],
+    ]  # fmt: skip
+    return table(["method", "ms / micro-batch", "PETRA faster by"], rows)
+
+
+# -- accuracy --------------------------------------------------------------------------------------------------------
+def accuracy_main(r, arg=None):
+    rows = []
+    for s in r["summary"]:
+        gap = f"{s['gap_mean']:+.2f} ± {s['gap_std']:.2f}" if "gap_mean" in s else (
+            "(reference)" if s["config"] == "backprop" else "n/a")
+        rows.append([
+            s["config"], s["mode"], s["k"], f"{s['learning_rate']:g}", s["optimizer_steps"],
+            f"{s['mean']:.2f} ± {s['std']:.2f}", f"{s['min']:.2f}", f"{s['max']:.2f}",
+            ", ".join(f"{a:.2f}" for a in s["accuracies"]), gap, f"{s['mean_wall_s']:.0f}",
+        ])  # fmt: skip
+    seeds = ", ".join(map(str, r["settings"]["seeds"]))
+    header = ["configuration", "mode", "k", "lr", "optimizer steps", "test accuracy % (mean ± std)", "min", "max",
+              f"per seed ({seeds})", "gap to backprop (pts, paired mean ± std)", "s / run"]  # fmt: skip
+    return table(header, rows, "llrrrrrrlrr")
+
+
+def accuracy_summary(r, arg=None):
+    def label(s):
+        name = "PETRA" if s["mode"] == "petra" else s["mode"].replace("_", " ")
+        if s["mode"] == "petra" or s["k"] > 1:
+            return f"{name} k={s['k']}"
+        return f"{name} (k=1)" if s["mode"] in ("delayed", "input_buffer", "weight_stash") else name
+
+    rows = [[f"{s['mean']:.2f} ± {s['std']:.2f}" for s in r["summary"]]]
+    return table([label(s) for s in r["summary"]], rows, "r" * len(r["summary"]))
+
+
+RENDERERS = {
+    "memory": {
+        "summary": lambda r, arg: memory_headline(r, without_stem=False),
+        "headline": memory_headline,
+        "totals": memory_totals,
+        "stages": memory_stages,
+        "check": memory_check,
+        "depth": memory_depth,
+        "table6": memory_table6,
+    },
+    "throughput": {
+        "summary": throughput_summary,
+        "run": throughput_run,
+        "stages": throughput_stages,
+        "partition": throughput_partition,
+        "two-processes": throughput_two_processes,
+        "exchange": throughput_exchange,
+        "ratios": throughput_ratios,
+        "memory": throughput_memory,
+        "one-process": throughput_one_process,
+        "one-process-ratio": throughput_one_process_ratio,
+    },
+    "accuracy_digits": {"summary": accuracy_summary, "main": accuracy_main},
+}
+
+
+# -- docs ------------------------------------------------------------------------------------------------------------
+def render(name: str, results: Path) -> str:
+    """The table NAME (RESULT/TABLE[/ARG]); raises Missing when its results are not there."""
+    result, table_name, arg = (name.split("/", 2) + [None])[:3]
+    path = results / f"{result}.json"
+    if not path.exists():
+        raise Missing(f"no {path}")
+    data = json.loads(path.read_text())
+    renderer = RENDERERS.get(data.get("benchmark"), {}).get(table_name)
+    if renderer is None:
+        raise UnknownTable(f"{name}: {path} comes from {data.get('benchmark')!r}, which has no table {table_name!r}")
+    return renderer(data, arg)
+
+
+def rewrite(text: str, results: Path) -> tuple[str, list[tuple[str, str]]]:
+    """`text` with every marked region re-rendered; and (name, updated / unchanged / skipped: why) per region."""
+    statuses = []
+
+    def replace(match):
+        name = match["name"]
+        try:
+            new = f"<!-- table:{name} -->\n{render(name, results)}\n<!-- /table:{name} -->"
+        except Missing as missing:
+            statuses.append((name, f"skipped: {missing}"))
+            return match[0]
+        statuses.append((name, "unchanged" if new == match[0] else "updated"))
+        return new
+
+    return MARKER.sub(replace, text), statuses
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", type=Path, default=RESULTS, help="folder of the JSON files (default %(default)s)")
+    parser.add_argument("--docs", type=Path, nargs="+", default=DOCS, help="markdown files (default: benchmarks*.md)")
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a table would change")
+    parser.add_argument("--list", action="store_true", help="list the tables of every benchmark and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        for benchmark, tables in RENDERERS.items():
+            print(f"{benchmark}: {', '.join(tables)}")
+        return 0
+    stale = False
+    for doc in args.docs:
+        text = doc.read_text()
+        try:
+            new, statuses = rewrite(text, args.results)
+        except UnknownTable as error:
+            print(f"{doc}: {error}", file=sys.stderr)
+            return 2
+        for name, status in statuses:
+            print(f"{doc}: {name}: {status}")
+        stale |= new != text
+        if new != text and not args.check:
+            doc.write_text(new)
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
