@@ -89,8 +89,6 @@ class StageWorker:
         on_update: UpdateHook | None = None,
         reduce_gradients: Callable[[list[nn.Parameter]], None] | None = None,
     ):
-        if accumulation_steps < 1:
-            raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
         self.index = index
         self.stage = stage
         self.mode = mode
