@@ -10,6 +10,7 @@ from transformers import TrainingArguments
 
 from ..engine import Mode
 from .distributed import init_distributed
+from .support import check_supported
 
 
 @dataclass
@@ -58,6 +59,7 @@ class PetraTrainingArguments(TrainingArguments):
             raise ValueError(f"petra_num_stages must be >= 1, got {self.petra_num_stages}")
         self.partition_sizes()  # validates the format
         self.milestones()
+        check_supported(self)
         if not torch.cuda.is_available():
             self.use_cpu = True
         super().__post_init__()

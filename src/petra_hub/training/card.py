@@ -48,3 +48,16 @@ def summarize_run(
         eval_loss=metrics.get("eval_loss"),
         num_parameters=sum(p.numel() for p in model.parameters()),
     )
+
+
+def write_run_card(trainer, output_dir: str, **card_kwargs) -> None:
+    """Write the model card of `trainer`'s run to `output_dir/README.md` (`card_kwargs`: those of
+    `Trainer.create_model_card`)."""
+    from ..integrations.model_card import write_model_card
+
+    info = dataset_of(trainer.train_dataset, trainer.eval_dataset)
+    if info is None:  # a card needs to know the data: without it, save the model alone
+        return
+    metrics = trainer._last_eval_metrics or {}
+    summary = summarize_run(trainer.args, trainer.model, len(trainer.stages), trainer.state.epoch, info, metrics)
+    write_model_card(output_dir, summary, repo_id=trainer.args.hub_model_id, config=trainer.model.config)

@@ -27,9 +27,8 @@ from transformers.trainer_callback import ExportableState, TrainerState
 from transformers.trainer_utils import EvalPrediction, TrainOutput, rotate_checkpoints, speed_metrics
 
 from ..engine import Pipeline, merge_stages, replica_of
-from ..integrations.model_card import write_model_card
 from .arguments import PetraTrainingArguments
-from .card import dataset_of, summarize_run
+from .card import write_run_card
 from .checkpoint import PetraState, load_stage_states, save_stage_states
 from .distributed import all_reduce_sum, world_size
 from .optimization import optimizer_factory, scheduler_factory
@@ -381,14 +380,11 @@ class PetraTrainer(Trainer):
     def _exportable_callbacks(self) -> list:
         return [cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)]
 
-    def _write_model_card(self, output_dir: str) -> None:
-        info = dataset_of(self.train_dataset, self.eval_dataset)
-        if info is None:  # a card needs to know the data: without it, save the model alone
-            return
-        summary = summarize_run(self.args, self.model, len(self.stages), self.state.epoch, info, self._last_eval_metrics or {})
-        write_model_card(output_dir, summary, repo_id=self.args.hub_model_id, config=self.model.config)
+    def _write_model_card(self, output_dir: str, **card_kwargs) -> None:
+        write_run_card(self, output_dir, **card_kwargs)
 
-    def create_model_card(self, *args, **kwargs) -> None:
-        """`push_to_hub` calls this: the PETRA card (written by `save_model`) replaces the generic one."""
+    def create_model_card(self, **kwargs) -> None:
+        """`push_to_hub` calls this: the PETRA card replaces the generic one (the keyword arguments of
+        `Trainer.create_model_card` are honoured)."""
         if self.args.should_save:
-            self._write_model_card(self.args.output_dir)
+            self._write_model_card(self.args.output_dir, **kwargs)
