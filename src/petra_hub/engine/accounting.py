@@ -38,6 +38,7 @@ class StageCounters:
     updates: int = 0
     last_backward: int = -1  # micro-batches are backpropagated in order, each exactly once
     compute_seconds: float = 0.0  # CPU time (time.process_time) spent in this stage's forwards, backwards, updates
+    grad_norm: float | None = None  # with clipping: norm of the averaged gradient of the last update, before clipping
 
 
 def nbytes(values: Iterable[torch.Tensor], exclude: Iterable[torch.Tensor] = ()) -> int:

@@ -53,6 +53,8 @@ class Pipeline:
             fed its own micro-batches and the D copies of a stage average their gradients before every update.
         device: where this rank's stages and tensors live (default: where they are).
         timeout: seconds to wait for a neighbour before raising `PeerFailureError`.
+        max_grad_norm: clip each stage's averaged gradient to this norm before its update (None or 0: no
+            clipping). Stages update at different ticks, so each clips its own gradient: there is no global norm.
 
     Every rank calls `step` with the same micro-batches in the same order (rank 0 uses the inputs, the rank of
     the last stage uses the targets), and `end_group` and `drain` at the same points.
@@ -74,6 +76,7 @@ class Pipeline:
         data_parallel_size: int = 1,
         device: torch.device | str | None = None,
         timeout: float = 120.0,
+        max_grad_norm: float | None = None,
     ):
         if not stages:
             raise ValueError("a pipeline needs at least one stage")
@@ -81,6 +84,8 @@ class Pipeline:
             raise ValueError(f"accumulation_steps (k) must be >= 1, got {accumulation_steps}")
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
+        if max_grad_norm is not None and max_grad_norm < 0:
+            raise ValueError(f"max_grad_norm must be >= 0 (0 or None: no clipping), got {max_grad_norm}")
         self.stages = list(stages)
         self.loss_fn = loss_fn
         self.mode = Mode.parse(mode)
@@ -135,6 +140,7 @@ class Pipeline:
                 scheduler=scheduler,
                 on_update=on_update,
                 reduce_gradients=self._average_over_replicas if self.replicas is not None else None,
+                max_grad_norm=max_grad_norm,
             )
         reconstructs = [self.mode.reconstructs and bool(getattr(s, "reversible", False)) for s in self.stages]
         self.router = Router(self.rank, self.local, len(self.stages), reconstructs, self.schedule, transport)
@@ -256,15 +262,20 @@ class Pipeline:
             for index, training in modes.items():
                 self.stages[index].train(training)
 
-    def gather_stages(self, dst: int = 0) -> None:
+    def gather_stages(self, dst: int | None = 0) -> None:
         """Copy every stage's trained parameters and buffers onto the stage modules of pipeline rank `dst` (in
-        every replica; replicas are identical), for saving."""
+        every replica; replicas are identical), for saving; with `dst=None`, onto every rank (so that each rank
+        holds the whole trained model)."""
         if not self.distributed:
             return
         local = {i: {k: v.detach().cpu() for k, v in self.stages[i].state_dict().items()} for i in self.local}
-        gathered = [None] * dist.get_world_size(self.group) if self.rank == dst else None
-        dist.gather_object(local, gathered, dst=self._global_ranks[dst], group=self.group)
-        if self.rank == dst:
+        if dst is None:
+            gathered = [None] * dist.get_world_size(self.group)
+            dist.all_gather_object(gathered, local, group=self.group)
+        else:
+            gathered = [None] * dist.get_world_size(self.group) if self.rank == dst else None
+            dist.gather_object(local, gathered, dst=self._global_ranks[dst], group=self.group)
+        if gathered is not None:
             for states in gathered:
                 for index, state in states.items():
                     if index not in self.local:

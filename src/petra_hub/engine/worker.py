@@ -88,6 +88,7 @@ class StageWorker:
         scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
         on_update: UpdateHook | None = None,
         reduce_gradients: Callable[[list[nn.Parameter]], None] | None = None,
+        max_grad_norm: float | None = None,
     ):
         self.index = index
         self.stage = stage
@@ -102,6 +103,7 @@ class StageWorker:
         self.scheduler = scheduler
         self.on_update = on_update
         self.reduce_gradients = reduce_gradients
+        self.max_grad_norm = max_grad_norm
         self.params = [p for p in stage.parameters() if p.requires_grad]
         self.counters = StageCounters()
         self.group: list[int] = []  # micro-batches whose gradients are accumulated and not yet applied
@@ -192,6 +194,8 @@ class StageWorker:
                 param.grad.mul_(scale)
         if self.reduce_gradients is not None:
             self.reduce_gradients(self.params)
+        if self.max_grad_norm:
+            self.counters.grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
         if self.on_update is not None:
             self.on_update(self.index, list(self.group), self.stage)
         if self.optimizer is not None:

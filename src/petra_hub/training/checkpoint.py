@@ -9,10 +9,14 @@ checkpoint may come from someone else, and loading it must never run code.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
+from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from ..engine import Pipeline
 
@@ -26,6 +30,8 @@ class PetraState:
     num_stages: int
     mode: str
     accumulation_steps: int
+    epoch: int | None = None  # where the next micro-batch comes from (None in checkpoints of version 0.1)
+    epoch_offset: int | None = None
 
     def save(self, folder: str | Path) -> None:
         Path(folder, PETRA_STATE_NAME).write_text(json.dumps(asdict(self), indent=2))
@@ -61,3 +67,40 @@ def load_stage_states(folder: str | Path, pipeline: Pipeline) -> None:
                 f"the checkpoint is incomplete, corrupt or unsafe ({type(error).__name__}: {error})"
             ) from error
     pipeline.load_state_dict(states)
+
+
+def save_checkpoint_files(trainer, output_dir: str, run_dir: str, state: PetraState) -> None:
+    """Everything a checkpoint holds beside the model folder: the stages' optimizer states (written by replica 0's
+    ranks), then, on the saving rank, `petra_state.json`, the callbacks' states and `trainer_state.json` (with the
+    best checkpoint so far), and the rotation of old checkpoints (which keeps the best one)."""
+    os.makedirs(output_dir, exist_ok=True)
+    if trainer.pipeline.replica == 0:
+        save_stage_states(output_dir, trainer.pipeline)
+    if not trainer.args.should_save:
+        return
+    state.save(output_dir)
+    for callback in [cb for cb in trainer.callback_handler.callbacks + [trainer.control] if isinstance(cb, ExportableState)]:
+        name = callback.__class__.__name__
+        if isinstance(trainer.state.stateful_callbacks.get(name), list):
+            trainer.state.stateful_callbacks[name].append(callback.state())
+        else:
+            trainer.state.stateful_callbacks[name] = callback.state()
+    if trainer.state.best_global_step:
+        best = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.best_global_step}")
+        if os.path.isdir(best):
+            trainer.state.best_model_checkpoint = best
+    trainer.state.save_to_json(os.path.join(output_dir, "trainer_state.json"))
+    rotate_checkpoints(
+        output_dir=run_dir,
+        save_total_limit=trainer.args.save_total_limit,
+        best_model_checkpoint=trainer.state.best_model_checkpoint,
+        use_mtime=False,
+    )
+
+
+def load_best_model(model: torch.nn.Module, checkpoint: str | Path) -> None:
+    """Load the weights of the best checkpoint into `model` (on every rank: stages share the model's modules)."""
+    path = Path(checkpoint, "model.safetensors")
+    if not path.is_file():
+        raise FileNotFoundError(f"the best checkpoint {checkpoint} holds no model.safetensors")
+    model.load_state_dict(load_file(str(path), device=str(next(model.parameters()).device)))

@@ -14,6 +14,39 @@ def launched_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def requested_processes(parent_cmdline: list[str]) -> int | None:
+    """The `--num_processes` an `accelerate launch` command line asked for (None if it is not one, or says none)."""
+    words = [w for w in parent_cmdline if w]
+    if not any(w.endswith("accelerate") for w in words) or "launch" not in words:
+        return None
+    for index, word in enumerate(words):
+        for flag in ("--num_processes", "--num-processes"):
+            if word == flag and index + 1 < len(words):
+                return int(words[index + 1])
+            if word.startswith(flag + "="):
+                return int(word.split("=", 1)[1])
+    return None
+
+
+def check_launch() -> None:
+    """Refuse a launch that asked for several processes but started one: on a CPU-only machine `accelerate launch
+    --num_processes N` without a multi-process config runs a single process, which would silently hold every stage."""
+    if launched_world_size() > 1:
+        return
+    try:
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as handle:
+            parent = [part.decode(errors="replace") for part in handle.read().split(b"\0")]
+    except OSError:  # not Linux, or no parent to read: nothing to check
+        return
+    requested = requested_processes(parent)
+    if requested is not None and requested > 1:
+        raise RuntimeError(
+            f"accelerate launch was asked for {requested} processes but started one (on a machine without GPUs its "
+            "default launcher runs a single process). Launch with the project's multi-process configuration: "
+            f"accelerate launch --config_file accelerate_config.yaml --num_processes {requested} ..."
+        )
+
+
 def init_distributed(timeout: float) -> bool:
     """Join the launcher's process group: NCCL with one GPU per rank where there are GPUs, gloo otherwise.
 
@@ -21,6 +54,7 @@ def init_distributed(timeout: float) -> bool:
     a multi-process group is active. Must run before `TrainingArguments` sets up accelerate, so that accelerate
     adopts this group instead of treating a CPU-only machine as a single process.
     """
+    check_launch()
     if launched_world_size() <= 1:
         return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     if dist.is_initialized():
@@ -46,3 +80,22 @@ def all_reduce_sum(values: torch.Tensor, device: torch.device) -> torch.Tensor:
     reduced = values.to(device if dist.get_backend() == "nccl" else torch.device("cpu"))
     dist.all_reduce(reduced)
     return reduced.cpu()
+
+
+def broadcast_module(module: torch.nn.Module, src: int = 0) -> None:
+    """Give every process the parameters and buffers of process `src` (as DistributedDataParallel does at start):
+    whether or not the model was built after seeding, every rank then trains the same model."""
+    if world_size() <= 1:
+        return
+    tensors = [t for t in [*module.parameters(), *module.buffers()] if t.numel()]
+    by_kind: dict[tuple, list[torch.Tensor]] = {}
+    for tensor in tensors:
+        by_kind.setdefault((tensor.dtype, tensor.device), []).append(tensor)
+    for group in by_kind.values():
+        flat = torch.cat([t.detach().reshape(-1) for t in group])
+        dist.broadcast(flat, src=src)
+        offset = 0
+        with torch.no_grad():
+            for tensor in group:
+                tensor.copy_(flat[offset : offset + tensor.numel()].view_as(tensor))
+                offset += tensor.numel()

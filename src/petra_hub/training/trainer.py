@@ -8,7 +8,8 @@ checkpoints and `push_to_hub` keep their usual behaviour.
 A global step is k micro-batches fed (one accumulation group), or fewer at the end of an epoch, as in
 transformers' Trainer. Consistent points: the pipeline is drained (every micro-batch fed is backpropagated
 everywhere) before evaluating, saving a checkpoint and at the end of training; these happen only at step ends, so
-a resumed run continues exactly as the uninterrupted run, which drained at the same point.
+a resumed run continues exactly as the uninterrupted run, which drained at the same point. After each of them
+every rank holds the whole trained model (`trainer.model`, `prediction_step`).
 """
 
 from __future__ import annotations
@@ -16,39 +17,24 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader, IterableDataset
 from transformers import Trainer
 from transformers.trainer_callback import ExportableState, TrainerState
-from transformers.trainer_utils import EvalPrediction, TrainOutput, rotate_checkpoints, speed_metrics
+from transformers.trainer_utils import PredictionOutput, TrainOutput, speed_metrics
 
 from ..engine import Pipeline, merge_stages, replica_of
 from .arguments import PetraTrainingArguments
+from .batches import check_first_batch, epoch_batches, make_loader, split_batch
 from .card import write_run_card
-from .checkpoint import PetraState, load_stage_states, save_stage_states
-from .distributed import all_reduce_sum, world_size
+from .checkpoint import PetraState, load_best_model, load_stage_states, save_checkpoint_files
+from .distributed import all_reduce_sum, broadcast_module, world_size
+from .evaluation import run_inference
+from .losses import LossWindow, collect
 from .optimization import optimizer_factory, scheduler_factory
 from .sampler import EpochSampler
-
-
-@dataclass
-class LossWindow:
-    """Losses the last stage finished and samples fed since the window opened."""
-
-    loss_sum: float = 0.0
-    losses: int = 0
-    samples: int = 0
-    opened: float = field(default_factory=time.time)
-
-    def add(self, losses: list, samples: int = 0) -> None:
-        for _, loss in losses:
-            self.loss_sum += float(loss)
-            self.losses += 1
-        self.samples += samples
 
 
 class PetraTrainer(Trainer):
@@ -60,75 +46,71 @@ class PetraTrainer(Trainer):
             raise ValueError("PetraTrainer needs PetraTrainingArguments (output_dir, PETRA mode, ...)")
         if not isinstance(args, PetraTrainingArguments):
             raise TypeError(f"PetraTrainer needs PetraTrainingArguments, got {type(args).__name__}")
-        if model is None or not hasattr(model, "get_stages"):
-            raise ValueError("PetraTrainer needs a model with get_stages(), such as RevNetForImageClassification")
         super().__init__(model, args, *positional, **kwargs)
-        self.stages = merge_stages(model.get_stages(), args.petra_num_stages or len(model.get_stages()))
-        world, replicas = world_size(), args.petra_data_parallel
-        if world // replicas > len(self.stages):
+        if not hasattr(self.model, "get_stages"):
+            raise ValueError("PetraTrainer needs a model with get_stages(), such as RevNetForImageClassification")
+        if args.label_smoothing_factor and getattr(self.model.config, "problem_type", None) not in (None, "single_label_classification"):
             raise ValueError(
-                f"{world // replicas} processes for {len(self.stages)} pipeline stages: launch at most "
-                f"{len(self.stages) * replicas} processes (accelerate launch --num_processes), raise "
-                "petra_num_stages or petra_data_parallel"
+                f"label_smoothing_factor={args.label_smoothing_factor} needs single-label classification, but the "
+                f"model's problem_type is {self.model.config.problem_type!r}"
             )
+        self.stages = self._make_stages()
+        world, replicas = world_size(), args.petra_data_parallel
         self.replica = replica_of(dist.get_rank() if world > 1 else 0, world, replicas)
         self.pipeline: Pipeline | None = None
         self._inference: Pipeline | None = None
         self._micro_batches_fed = 0
+        self._position = (0, 0)  # (epoch, micro-batches of it fed) of the next micro-batch
         self._pending = LossWindow()  # this rank's losses since the last collection (a collective)
         self._unlogged = LossWindow()  # collected on every rank, not logged yet
+        self._model_synced = True  # every rank's `self.model` holds every stage's current weights
         self._last_eval_metrics: dict | None = None
+
+    def _make_stages(self) -> list:
+        stages = merge_stages(self.model.get_stages(), self.args.petra_num_stages or len(self.model.get_stages()))
+        processes = world_size() // self.args.petra_data_parallel
+        if processes > len(stages):
+            raise ValueError(
+                f"{processes} processes for {len(stages)} pipeline stages: launch at most "
+                f"{len(stages) * self.args.petra_data_parallel} processes (accelerate launch --num_processes), raise "
+                "petra_num_stages or petra_data_parallel"
+            )
+        return stages
 
     # -- data ---------------------------------------------------------------------------------------------------------
     def get_train_dataloader(self) -> DataLoader:
         """Not sharded per rank: every pipeline stage must see the same micro-batches in the same order."""
         if self.train_dataset is None:
             raise ValueError("PetraTrainer.train() needs a train_dataset")
+        dataset = self._without_unused_columns(self.train_dataset, "training")
+        if isinstance(dataset, IterableDataset):
+            return make_loader(self.args, self.data_collator, dataset, self.args.per_device_train_batch_size)
         seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
-        sampler = EpochSampler(len(self.train_dataset), seed, replica=self.replica, replicas=self.args.petra_data_parallel)
-        return self._plain_loader(self.train_dataset, self.args.per_device_train_batch_size, sampler)
+        sampler = EpochSampler(len(dataset), seed, replica=self.replica, replicas=self.args.petra_data_parallel)
+        return make_loader(self.args, self.data_collator, dataset, self.args.per_device_train_batch_size, sampler)
 
     def get_eval_dataloader(self, eval_dataset=None) -> DataLoader:
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if dataset is None:
             raise ValueError("evaluate() needs an eval_dataset")
-        return self._plain_loader(dataset, self.args.per_device_eval_batch_size, EpochSampler(len(dataset), 0, shuffle=False))
+        return self.get_test_dataloader(dataset)
 
-    def _plain_loader(self, dataset, batch_size: int, sampler: Sampler) -> DataLoader:
-        return DataLoader(
-            dataset,
-            batch_size=batch_size,
-            sampler=sampler,
-            collate_fn=self.data_collator,
-            num_workers=self.args.dataloader_num_workers,
-            pin_memory=self.args.dataloader_pin_memory and torch.cuda.is_available(),
-            drop_last=self.args.dataloader_drop_last,
-        )
+    def get_test_dataloader(self, test_dataset) -> DataLoader:
+        dataset = self._without_unused_columns(test_dataset, "evaluation")
+        sampler = None if isinstance(dataset, IterableDataset) else EpochSampler(len(dataset), 0, shuffle=False)
+        return make_loader(self.args, self.data_collator, dataset, self.args.per_device_eval_batch_size, sampler)
 
-    def _split_batch(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        if not isinstance(batch, dict) or "pixel_values" not in batch or "labels" not in batch:
-            keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
-            raise ValueError(f"each batch must be a dict with 'pixel_values' and 'labels', got {keys}")
-        return batch["pixel_values"], batch["labels"]
+    def _without_unused_columns(self, dataset, description: str):
+        import datasets
 
-    def _check_first_batch(self, loader: DataLoader) -> None:
-        """Fail before any work if the data does not fit the model (shape, channels, labels)."""
-        sample = loader.dataset[0]
-        if not isinstance(sample, dict) or not {"pixel_values", "labels"} <= set(sample):
-            keys = sorted(sample) if isinstance(sample, dict) else type(sample).__name__
-            raise ValueError(f"each sample must be a dict with 'pixel_values' and 'labels', got {keys}")
-        if not torch.is_tensor(sample["pixel_values"]) or sample["pixel_values"].dim() != 3:
-            raise ValueError("'pixel_values' must be an image tensor [channels, height, width] (apply the data set's transform)")
-        pixel_values, labels = self._split_batch(self.data_collator([sample]))
-        check = getattr(getattr(self.model, "revnet", None), "check_pixel_values", None)
-        if check is not None:
-            check(pixel_values)
-        num_labels = getattr(self.model.config, "num_labels", None)
-        if num_labels and not labels.is_floating_point() and not 0 <= int(labels.min()) <= int(labels.max()) < num_labels:
-            raise ValueError(f"labels must lie in [0, {num_labels - 1}], got {labels.tolist()} in the first sample")
+        if isinstance(dataset, datasets.Dataset) and self.args.remove_unused_columns:
+            return self._remove_unused_columns(dataset, description=description)
+        return dataset
 
     # -- the engine ---------------------------------------------------------------------------------------------------
     def _loss(self, logits, labels):
+        if self.args.label_smoothing_factor:
+            return torch.nn.functional.cross_entropy(logits, labels, label_smoothing=self.args.label_smoothing_factor)
         if hasattr(self.model, "compute_loss"):
             return self.model.compute_loss(logits, labels)
         return torch.nn.functional.cross_entropy(logits, labels)
@@ -146,6 +128,7 @@ class PetraTrainer(Trainer):
             data_parallel_size=args.petra_data_parallel,
             device=args.device,
             timeout=args.petra_timeout,
+            max_grad_norm=args.max_grad_norm or None,
         )
 
     def _pipeline_for_inference(self) -> Pipeline:
@@ -160,25 +143,34 @@ class PetraTrainer(Trainer):
         self, batch_size=None, args=None, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None
     ) -> TrainOutput:
         args = self.args
+        self.stages = self._make_stages()  # model_init may have built a new model
         loader = self.get_train_dataloader()
-        self._check_first_batch(loader)
-        per_epoch = len(loader)
+        check_first_batch(self.model, self.data_collator, loader.dataset)
+        per_epoch = len(loader) if not isinstance(loader.dataset, IterableDataset) else None
         if per_epoch == 0:
             raise ValueError("the train dataset yields no micro-batch (empty, or drop_last with too few samples)")
+        if per_epoch is None and args.max_steps <= 0:
+            raise ValueError("a train_dataset without a length (an IterableDataset) needs max_steps > 0")
         # As in transformers' Trainer, the partial group at the end of an epoch is a step of its own.
-        steps_per_epoch = math.ceil(per_epoch / args.gradient_accumulation_steps)
+        steps_per_epoch = math.ceil(per_epoch / args.gradient_accumulation_steps) if per_epoch else args.max_steps
         max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
-        num_epochs = math.ceil(max_steps / steps_per_epoch)
 
         self.state = TrainerState(stateful_callbacks=self._exportable_callbacks())
         self.state.train_batch_size = args.per_device_train_batch_size
         self.state.compute_steps(args, max_steps)
-        self._micro_batches_fed = 0
+        self._micro_batches_fed, self._position = 0, (0, 0)
         if resume_from_checkpoint is not None:
             self.state = TrainerState.load_from_json(os.path.join(resume_from_checkpoint, "trainer_state.json"))
             self._load_callback_state()
-            self._micro_batches_fed = PetraState.load(resume_from_checkpoint).micro_batches_fed
-        self.state.init_training_references(self, max_steps, num_epochs, trial)
+            saved = PetraState.load(resume_from_checkpoint)
+            self._micro_batches_fed = saved.micro_batches_fed
+            if saved.epoch is not None:
+                self._position = (saved.epoch, saved.epoch_offset)
+            elif per_epoch:
+                self._position = divmod(saved.micro_batches_fed, per_epoch)
+        else:
+            broadcast_module(self.model, src=0)  # every rank starts from rank 0's weights, seeded or not
+        self.state.init_training_references(self, max_steps, math.ceil(max_steps / steps_per_epoch), trial)
 
         self.pipeline = self._build_pipeline(max_steps, steps_per_epoch)
         self._inference = None
@@ -195,35 +187,41 @@ class PetraTrainer(Trainer):
         fed_at_start = self._micro_batches_fed
 
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
-        sampler: EpochSampler = loader.sampler
+        if args.eval_on_start:
+            self._evaluate_and_track(trial, ignore_keys_for_eval)
         while self.state.global_step < max_steps and not self.control.should_training_stop:
-            epoch, offset = divmod(self._micro_batches_fed, per_epoch)
-            sampler.set_epoch(epoch, start=offset * loader.batch_size)
-            if hasattr(self.train_dataset, "set_epoch"):
-                self.train_dataset.set_epoch(epoch)
+            epoch, offset = self._position
             if offset == 0:
                 self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
-            for batch in loader:
+            fed_this_epoch, stopped = offset, False
+            for batch in epoch_batches(loader, self.train_dataset, epoch, offset, self.replica, self.args.petra_data_parallel):
                 if self.pipeline.fed_in_group == 0:
                     self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
                 self._feed(batch)
-                self.state.epoch = self._micro_batches_fed / per_epoch
-                if self._micro_batches_fed % per_epoch == 0:
-                    self.pipeline.end_group()
+                fed_this_epoch += 1
+                self._position = (epoch, fed_this_epoch)
+                self.state.epoch = epoch + fed_this_epoch / per_epoch if per_epoch else float(epoch)
                 if self.pipeline.fed_in_group == 0:
                     self._end_step(trial, ignore_keys_for_eval, last=self.state.global_step + 1 >= max_steps)
-                if self.control.should_training_stop or self.control.should_epoch_stop or self.state.global_step >= max_steps:
+                stopped = self.control.should_training_stop or self.control.should_epoch_stop
+                if stopped or self.state.global_step >= max_steps:
+                    stopped = True
                     break
-            if self._micro_batches_fed % per_epoch == 0:
-                self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
-                self._log_save_evaluate(trial, ignore_keys_for_eval)
+            if not stopped and fed_this_epoch == 0:
+                raise ValueError(f"the train dataset yielded no micro-batch in epoch {epoch}")
+            # The epoch ends when its data is exhausted (its partial group is then a step) or a callback ends it.
+            complete = per_epoch is not None and fed_this_epoch >= per_epoch
+            if not stopped or complete or self.control.should_epoch_stop:
+                self._close_epoch(epoch, trial, ignore_keys_for_eval, last=self.state.global_step + 1 >= max_steps)
 
         if self.pipeline.fed_in_group:  # a callback stopped training inside a group: it still counts as a step
             self.pipeline.end_group()
             self._end_step(trial, ignore_keys_for_eval, last=True)
-        self._drain()
+        self._sync_model()
         if self._globalstep_last_logged < self.state.global_step or self._unlogged.losses:
             self._log_training(force=True)
+        if args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
+            load_best_model(self.model, self.state.best_model_checkpoint)
         num_steps = self.state.global_step - self._initial_global_step
         samples = (self._micro_batches_fed - fed_at_start) * args.per_device_train_batch_size
         metrics = speed_metrics("train", start_time, num_samples=samples, num_steps=num_steps)
@@ -234,10 +232,20 @@ class PetraTrainer(Trainer):
         return TrainOutput(self.state.global_step, metrics["train_loss"], metrics)
 
     def _feed(self, batch) -> None:
-        pixel_values, labels = self._split_batch(batch)
+        pixel_values, labels = split_batch(batch)
         losses = self.pipeline.step(pixel_values, labels)
-        self._pending.add(losses, len(labels) * self.args.petra_data_parallel)
+        self._pending.add(losses, len(pixel_values) * self.args.petra_data_parallel)
         self._micro_batches_fed += 1
+        self._model_synced = False
+
+    def _close_epoch(self, epoch: int, trial, ignore_keys_for_eval, last: bool) -> None:
+        if self.pipeline.fed_in_group:
+            self.pipeline.end_group()
+            self._end_step(trial, ignore_keys_for_eval, last=last)
+        self._position = (epoch + 1, 0)
+        self.state.epoch = float(epoch + 1)
+        self.control = self.callback_handler.on_epoch_end(self.args, self.state, self.control)
+        self._log_save_evaluate(trial, ignore_keys_for_eval)
 
     def _end_step(self, trial, ignore_keys_for_eval, last: bool) -> None:
         """A global step ends: its accumulation group is closed (every stage applies it at its own tick)."""
@@ -249,37 +257,32 @@ class PetraTrainer(Trainer):
         self._log_save_evaluate(trial, ignore_keys_for_eval)
 
     def _collect_losses(self) -> None:
-        """Bring the losses the last stage produced since the last call to every rank (one small collective, at
-        the same points on every rank); stop on a NaN before anything else is saved."""
+        """Bring the losses the last stage produced since the last call to every rank (at the same points on every
+        rank); stop on a NaN before anything else is saved."""
         pending, self._pending = self._pending, LossWindow()
-        bad = not math.isfinite(pending.loss_sum)
-        values = torch.tensor([0.0 if bad else pending.loss_sum, float(pending.losses), float(bad)], dtype=torch.float64)
-        loss_sum, count, bad = all_reduce_sum(values, self.args.device).tolist()
-        if bad:
-            raise FloatingPointError(
-                f"loss is NaN or infinite at global step {self.state.global_step} (computed by the last stage, "
-                f"stage {len(self.stages) - 1}); stopping before anything else is saved"
-            )
-        self._unlogged.loss_sum += loss_sum
-        self._unlogged.losses += int(count)
-        self._unlogged.samples += pending.samples
+        self._unlogged.merge(collect(pending, self.args.device, self.state.global_step, len(self.stages) - 1))
 
-    def _drain(self) -> None:
-        """Bring every stage to the same point: all micro-batches fed backpropagated everywhere."""
-        if self.pipeline is None or not self.pipeline.undrained:
-            return
-        self._pending.add(self.pipeline.drain())
-        self._collect_losses()
+    def _sync_model(self) -> None:
+        """Drain, then give every rank every stage's trained weights."""
+        if self.pipeline is not None and self.pipeline.undrained:
+            self._pending.add(self.pipeline.drain())
+            self._collect_losses()
+        if self.pipeline is not None and not self._model_synced:
+            self.pipeline.gather_stages(dst=None)
+        self._model_synced = True
 
     def _log_save_evaluate(self, trial=None, ignore_keys_for_eval=None) -> None:
         if self.control.should_log and self.state.global_step > self._globalstep_last_logged:
             self._log_training()
         if self.control.should_evaluate:
-            metrics = self.evaluate(ignore_keys=ignore_keys_for_eval)
-            self._determine_best_metric(metrics=metrics, trial=trial)
+            self._evaluate_and_track(trial, ignore_keys_for_eval)
         if self.control.should_save:
             self._save_checkpoint(self.model, trial)
             self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+
+    def _evaluate_and_track(self, trial, ignore_keys_for_eval) -> None:
+        metrics = self.evaluate(ignore_keys=ignore_keys_for_eval)
+        self._determine_best_metric(metrics=metrics, trial=trial)
 
     def _log_training(self, force: bool = False) -> None:
         window, self._unlogged = self._unlogged, LossWindow()
@@ -288,6 +291,8 @@ class PetraTrainer(Trainer):
             logs["loss"] = window.loss_sum / window.losses
             self._total_loss_scalar += window.loss_sum
             self._losses_logged += window.losses
+        if self.args.max_grad_norm:
+            logs["grad_norm"] = self._grad_norm()
         learning_rate = self.pipeline.last_lr()
         if learning_rate is not None:
             logs["learning_rate"] = learning_rate
@@ -298,49 +303,48 @@ class PetraTrainer(Trainer):
         if logs or force:
             self.log(logs)
 
-    # -- evaluation ---------------------------------------------------------------------------------------------------
+    def _grad_norm(self) -> float:
+        """The norm over all stages of their last averaged gradients (before clipping); a collective."""
+        squares = sum(c.grad_norm**2 for c in self.pipeline.counters().values() if c.grad_norm is not None)
+        total = all_reduce_sum(torch.tensor([squares], dtype=torch.float64), self.args.device)
+        return math.sqrt(float(total[0]) / self.args.petra_data_parallel)  # replicas hold equal gradients
+
+    # -- evaluation and prediction ------------------------------------------------------------------------------------
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
-        """Drain, then run every batch forward through the stages with running batch-norm statistics."""
-        self._drain()
-        loader = self.get_eval_dataloader(eval_dataset)
-        pipeline = self._pipeline_for_inference()
-        start = time.time()
-        logits, labels, loss_sum, seen = [], [], 0.0, 0
-        for batch in loader:
-            pixel_values, batch_labels = self._split_batch(batch)
-            outputs = pipeline.infer(pixel_values)
-            seen += len(batch_labels)
-            if outputs is not None:
-                outputs = outputs.detach().cpu()
-                loss_sum += float(self._loss(outputs, batch_labels)) * len(batch_labels)
-                logits.append(outputs)
-                labels.append(batch_labels)
-        metrics = None
-        if pipeline.has_last_stage:
-            metrics = {f"{metric_key_prefix}_loss": loss_sum / max(1, seen)}
-            if self.compute_metrics is not None:
-                prediction = EvalPrediction(predictions=torch.cat(logits).numpy(), label_ids=torch.cat(labels).numpy())
-                for key, value in self.compute_metrics(prediction).items():
-                    metrics[key if key.startswith(f"{metric_key_prefix}_") else f"{metric_key_prefix}_{key}"] = value
-        if world_size() > 1:
-            holder = [metrics]
-            dist.broadcast_object_list(holder, src=pipeline.last_stage_rank)
-            metrics = holder[0]
-        metrics.update(speed_metrics(metric_key_prefix, start, num_samples=seen, num_steps=len(loader)))
-        metrics = {k: (float(v) if isinstance(v, (np.floating, np.integer)) else v) for k, v in metrics.items()}
-        self._last_eval_metrics = metrics
-        self.log(metrics)
-        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
-        return metrics
+        """Drain, then run every batch forward through the stages with running batch-norm statistics. A dict of
+        data sets is evaluated set by set, with prefixes `eval_<name>`."""
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if isinstance(dataset, dict):
+            metrics = {}
+            for name, subset in dataset.items():
+                metrics.update(self.evaluate(subset, ignore_keys, f"{metric_key_prefix}_{name}"))
+            return metrics
+        self._sync_model()
+        result = run_inference(
+            self._pipeline_for_inference(), self.get_eval_dataloader(dataset), self._loss, self.compute_metrics,
+            metric_key_prefix, keep_outputs=False,
+        )
+        self._last_eval_metrics = result.metrics
+        self.log(result.metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, result.metrics)
+        return result.metrics
+
+    def predict(self, test_dataset, ignore_keys=None, metric_key_prefix: str = "test") -> PredictionOutput:
+        """Predictions of the trained stages, the same on every rank (call it on every rank)."""
+        self._sync_model()
+        result = run_inference(
+            self._pipeline_for_inference(), self.get_test_dataloader(test_dataset), self._loss, self.compute_metrics,
+            metric_key_prefix, keep_outputs=True,
+        )
+        self.control = self.callback_handler.on_predict(self.args, self.state, self.control, result.metrics)
+        return PredictionOutput(predictions=result.logits, label_ids=result.label_ids, metrics=result.metrics)
 
     # -- saving -------------------------------------------------------------------------------------------------------
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Gather every stage onto rank 0 and save one `from_pretrained`-loadable folder (safetensors), with the
-        processor and a model card. Call it on every rank."""
+        """Gather every stage and save one `from_pretrained`-loadable folder (safetensors), with the processor and
+        a model card. Call it on every rank."""
         output_dir = output_dir or self.args.output_dir
-        self._drain()
-        if self.pipeline is not None:
-            self.pipeline.gather_stages(dst=0)
+        self._sync_model()
         if self.args.should_save:
             os.makedirs(output_dir, exist_ok=True)
             self.model.save_pretrained(output_dir)
@@ -355,25 +359,12 @@ class PetraTrainer(Trainer):
         run_dir = self._get_output_dir(trial=trial)
         output_dir = os.path.join(run_dir, f"checkpoint-{self.state.global_step}")
         self.save_model(output_dir, _internal_call=True)
-        os.makedirs(output_dir, exist_ok=True)
-        if self.pipeline.replica == 0:
-            save_stage_states(output_dir, self.pipeline)
-        if self.args.should_save:
-            args = self.args
-            PetraState(self._micro_batches_fed, len(self.stages), args.petra_mode, args.gradient_accumulation_steps).save(output_dir)
-            for callback in self._exportable_callbacks():
-                name = callback.__class__.__name__
-                if isinstance(self.state.stateful_callbacks.get(name), list):
-                    self.state.stateful_callbacks[name].append(callback.state())
-                else:
-                    self.state.stateful_callbacks[name] = callback.state()
-            self.state.save_to_json(os.path.join(output_dir, "trainer_state.json"))
-            rotate_checkpoints(
-                output_dir=run_dir,
-                save_total_limit=args.save_total_limit,
-                best_model_checkpoint=self.state.best_model_checkpoint,
-                use_mtime=False,
-            )
+        args = self.args
+        state = PetraState(self._micro_batches_fed, len(self.stages), args.petra_mode, args.gradient_accumulation_steps,
+                           *self._position)
+        save_checkpoint_files(self, output_dir, run_dir, state)
+        if args.push_to_hub:
+            self._push_from_checkpoint(output_dir)
         if dist.is_initialized():
             dist.barrier()
 

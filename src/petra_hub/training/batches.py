@@ -1,0 +1,90 @@
+"""What PetraTrainer reads from a data set: checked before the first step, on the batch the model will receive."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from .sampler import EpochSampler
+
+
+def split_batch(batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(pixel_values, labels) of a collated batch; labels may be absent only for prediction."""
+    if not isinstance(batch, dict) or "pixel_values" not in batch:
+        keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
+        raise ValueError(
+            f"each batch must be a dict with 'pixel_values' and 'labels' (what the data collator returns), got {keys}"
+        )
+    return batch["pixel_values"], batch.get("labels")
+
+
+def first_items(dataset, count: int = 2) -> list:
+    """The first `count` items of a map-style or iterable data set (fewer if it is shorter)."""
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
+        items = []
+        for item in dataset:
+            items.append(item)
+            if len(items) == count:
+                break
+        return items
+    return [dataset[i] for i in range(min(count, len(dataset)))]
+
+
+def check_first_batch(model, collator, dataset, what: str = "train_dataset") -> None:
+    """Fail before any work if the collated batch does not fit the model (keys, image shape, channels, labels)."""
+    items = first_items(dataset)
+    if not items:
+        raise ValueError(f"{what} is empty")
+    try:
+        batch = collator(items)
+    except Exception as error:
+        keys = sorted(items[0]) if isinstance(items[0], dict) else type(items[0]).__name__
+        raise ValueError(
+            f"the data collator failed on the first items of {what} (items hold {keys}): {type(error).__name__}: "
+            f"{error}. Each batch must be a dict with 'pixel_values' and 'labels'"
+        ) from error
+    pixel_values, labels = split_batch(batch)
+    if labels is None:
+        raise ValueError(f"each batch of {what} must be a dict with 'pixel_values' and 'labels', got {sorted(batch)}")
+    if not torch.is_tensor(pixel_values) or pixel_values.dim() != 4:
+        shape = tuple(pixel_values.shape) if torch.is_tensor(pixel_values) else type(pixel_values).__name__
+        raise ValueError(
+            f"'pixel_values' must be a batch of images [batch, channels, height, width], got {shape} from {what} "
+            "(apply the image transform, e.g. with dataset.with_transform)"
+        )
+    check = getattr(getattr(model, "revnet", None), "check_pixel_values", None)
+    if check is not None:
+        check(pixel_values)
+    num_labels = getattr(model.config, "num_labels", None)
+    if not torch.is_tensor(labels):
+        raise ValueError(f"'labels' must be a tensor, got {type(labels).__name__} from {what}")
+    if num_labels and not labels.is_floating_point() and not 0 <= int(labels.min()) <= int(labels.max()) < num_labels:
+        raise ValueError(f"labels must lie in [0, {num_labels - 1}], got {labels.tolist()} in the first items of {what}")
+
+
+def make_loader(args, collator, dataset, batch_size: int, sampler=None) -> DataLoader:
+    """A DataLoader honouring the `dataloader_*` arguments (not sharded: the trainer orders the data itself)."""
+    workers = args.dataloader_num_workers
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        collate_fn=collator,
+        num_workers=workers,
+        pin_memory=args.dataloader_pin_memory and torch.cuda.is_available(),
+        drop_last=args.dataloader_drop_last,
+        persistent_workers=args.dataloader_persistent_workers and workers > 0,
+        prefetch_factor=args.dataloader_prefetch_factor if workers > 0 else None,
+    )
+
+
+def epoch_batches(loader: DataLoader, dataset, epoch: int, offset: int, replica: int, replicas: int):
+    """Replica `replica`'s micro-batches of `epoch`, from its `offset`-th on."""
+    if hasattr(dataset, "set_epoch"):
+        dataset.set_epoch(epoch)
+    if isinstance(loader.sampler, EpochSampler):
+        loader.sampler.set_epoch(epoch, start=offset * loader.batch_size)
+        return iter(loader)
+    return itertools.islice(loader, replica + offset * replicas, None, replicas)  # iterable: every D-th batch

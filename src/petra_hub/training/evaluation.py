@@ -1,0 +1,65 @@
+"""Inference through the pipeline's stages: every rank reads the same batches, the last stage's rank computes the
+outputs, and the results reach every rank (so `evaluate` and `predict` agree everywhere)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from transformers.trainer_utils import EvalPrediction, speed_metrics
+
+from ..engine import Pipeline
+from .batches import split_batch
+from .distributed import world_size
+
+
+@dataclass
+class InferenceResult:
+    logits: np.ndarray | None
+    label_ids: np.ndarray | None
+    metrics: dict
+
+
+def run_inference(
+    pipeline: Pipeline,
+    loader,
+    loss_fn: Callable,
+    compute_metrics: Callable | None,
+    prefix: str,
+    keep_outputs: bool,
+) -> InferenceResult:
+    """Forward every batch of `loader` in eval mode; metrics (and, with `keep_outputs`, logits and labels) are known
+    on every rank afterwards."""
+    start = time.time()
+    logits, labels, loss_sum, seen, batches = [], [], 0.0, 0, 0
+    for batch in loader:
+        pixel_values, batch_labels = split_batch(batch)
+        outputs = pipeline.infer(pixel_values)
+        seen += len(pixel_values)
+        batches += 1
+        if outputs is not None:
+            outputs = outputs.detach().float().cpu()
+            logits.append(outputs)
+            if batch_labels is not None:
+                loss_sum += float(loss_fn(outputs, batch_labels)) * len(batch_labels)
+                labels.append(batch_labels.cpu())
+    result = None
+    if pipeline.has_last_stage:
+        all_logits = torch.cat(logits).numpy() if logits else None
+        all_labels = torch.cat(labels).numpy() if labels else None
+        metrics = {f"{prefix}_loss": loss_sum / max(1, seen)} if all_labels is not None else {}
+        if compute_metrics is not None and all_labels is not None:
+            for key, value in compute_metrics(EvalPrediction(predictions=all_logits, label_ids=all_labels)).items():
+                metrics[key if key.startswith(f"{prefix}_") else f"{prefix}_{key}"] = value
+        result = InferenceResult(all_logits if keep_outputs else None, all_labels if keep_outputs else None, metrics)
+    if world_size() > 1:
+        holder = [result]
+        dist.broadcast_object_list(holder, src=pipeline.last_stage_rank)
+        result = holder[0]
+    result.metrics.update(speed_metrics(prefix, start, num_samples=seen, num_steps=batches))
+    result.metrics = {k: (float(v) if isinstance(v, (np.floating, np.integer)) else v) for k, v in result.metrics.items()}
+    return result

@@ -1,0 +1,46 @@
+"""The training losses between logs: produced by the last stage, collected on every rank at step ends."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .distributed import all_reduce_sum
+
+
+@dataclass
+class LossWindow:
+    """Losses the last stage finished and samples fed since the window opened."""
+
+    loss_sum: float = 0.0
+    losses: int = 0
+    samples: int = 0
+    opened: float = field(default_factory=time.time)
+
+    def add(self, losses: list, samples: int = 0) -> None:
+        for _, loss in losses:
+            self.loss_sum += float(loss)
+            self.losses += 1
+        self.samples += samples
+
+    def merge(self, other: "LossWindow") -> None:
+        self.loss_sum += other.loss_sum
+        self.losses += other.losses
+        self.samples += other.samples
+
+
+def collect(pending: LossWindow, device, global_step: int, last_stage: int) -> LossWindow:
+    """`pending` (this rank's) summed over all ranks, with this rank's samples (one small collective); raises on a
+    NaN or infinite loss so that every rank stops at the same step."""
+    bad = not math.isfinite(pending.loss_sum)
+    values = torch.tensor([0.0 if bad else pending.loss_sum, float(pending.losses), float(bad)], dtype=torch.float64)
+    loss_sum, count, bad = all_reduce_sum(values, device).tolist()
+    if bad:
+        raise FloatingPointError(
+            f"loss is NaN or infinite at global step {global_step} (computed by the last stage, stage {last_stage}); "
+            "stopping before anything else is saved"
+        )
+    return LossWindow(loss_sum, int(count), pending.samples)

@@ -1,0 +1,77 @@
+"""PetraTrainer across processes: every rank sees the trained model, 1 and 2 processes train the same model, and a
+run killed after a checkpoint resumes on 2 processes to the uninterrupted result."""
+
+import os
+
+import torch
+from transformers import TrainerCallback
+
+from petra_hub.testing.ranks import run_ranks
+from tests.training.test_trainer import make_trainer
+
+
+def as_launched(rank: int, world_size: int) -> None:
+    """What `accelerate launch` would set: accelerate reads these to see the processes."""
+    os.environ.update(WORLD_SIZE=str(world_size), RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+
+
+def checksum(model) -> dict[str, float]:
+    return {name: float(t.double().sum()) + float((t.double() ** 2).sum()) for name, t in model.state_dict().items()}
+
+
+def _train_evaluate_predict(rank, world_size, folder, seed):
+    as_launched(rank, world_size)
+    trainer = make_trainer(folder, init_seed=seed + rank, max_steps=6)  # a different initial model on every rank
+    trainer.train()
+    metrics = trainer.evaluate()
+    prediction = trainer.predict(trainer.eval_dataset)
+    return {
+        "state": {k: v.clone() for k, v in trainer.model.state_dict().items()},
+        "eval_accuracy": metrics["eval_accuracy"],
+        "predicted_accuracy": float((prediction.predictions.argmax(-1) == prediction.label_ids).mean()),
+        "predictions": torch.as_tensor(prediction.predictions),
+    }
+
+
+def test_every_rank_sees_the_trained_model_and_two_processes_equal_one(tmp_path):
+    results, codes, _ = run_ranks(_train_evaluate_predict, 2, str(tmp_path / "two"), 0, deadline=240)
+    assert all(r is not None and "value" in r for r in results), [r and r.get("traceback") for r in results]
+    ranks = [r["value"] for r in results]
+    single = make_trainer(tmp_path / "one", init_seed=0, max_steps=6)
+    single.train()
+    expected = single.model.state_dict()
+    for value in ranks:  # rank 1 started from another model: training began from rank 0's weights everywhere
+        assert all(torch.equal(value["state"][name], expected[name]) for name in expected)
+        assert value["predicted_accuracy"] == value["eval_accuracy"] == ranks[0]["eval_accuracy"]
+        assert torch.equal(value["predictions"], ranks[0]["predictions"])
+
+
+class Kill(TrainerCallback):
+    def __init__(self, at_step):
+        self.at_step = at_step
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == self.at_step:
+            os._exit(0)  # as if the machine went down right after the checkpoint
+
+
+def _run(rank, world_size, folder, resume, kill_at):
+    as_launched(rank, world_size)
+    callbacks = [Kill(kill_at)] if kill_at else None
+    trainer = make_trainer(folder, max_steps=8, save_strategy="steps", save_steps=2, callbacks=callbacks)
+    trainer.train(resume_from_checkpoint=resume)
+    return {k: v.clone() for k, v in trainer.model.state_dict().items()}
+
+
+def test_a_run_killed_after_a_checkpoint_resumes_on_two_processes_exactly(tmp_path):
+    full, _, _ = run_ranks(_run, 2, str(tmp_path / "full"), None, None, deadline=240)
+    assert all(r and "value" in r for r in full), [r and r.get("traceback") for r in full]
+    killed, codes, _ = run_ranks(_run, 2, str(tmp_path / "killed"), None, 4, deadline=240)
+    assert codes == [0, 0] and killed == [None, None]
+    assert (tmp_path / "killed" / "checkpoint-4").is_dir() and not (tmp_path / "killed" / "checkpoint-6").exists()
+    resumed, _, _ = run_ranks(_run, 2, str(tmp_path / "resumed"), str(tmp_path / "killed" / "checkpoint-4"), None,
+                              deadline=240)
+    assert all(r and "value" in r for r in resumed), [r and r.get("traceback") for r in resumed]
+    expected = full[0]["value"]
+    for result in resumed:
+        assert all(torch.equal(result["value"][name], expected[name]) for name in expected)
