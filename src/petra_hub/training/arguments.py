@@ -43,6 +43,10 @@ class PetraTrainingArguments(TrainingArguments):
         default=1,
         metadata={"help": "D pipeline replicas over the W = P x D processes; each replica reads its own share."},
     )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Train into an output_dir that holds another run's checkpoints or model (refused otherwise)."},
+    )
     petra_timeout: float = field(
         default=120.0, metadata={"help": "Seconds before a dead or stalled peer process becomes an error."}
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
@@ -88,3 +89,55 @@ def epoch_batches(loader: DataLoader, dataset, epoch: int, offset: int, replica:
         loader.sampler.set_epoch(epoch, start=offset * loader.batch_size)
         return iter(loader)
     return itertools.islice(loader, replica + offset * replicas, None, replicas)  # iterable: every D-th batch
+
+
+def dataset_label(dataset) -> str | None:
+    """The train set's name and size as checkpoints record it (a resumed run must read the same data)."""
+    if dataset is None:
+        return None
+    size = len(dataset) if not isinstance(dataset, IterableDataset) and hasattr(dataset, "__len__") else None
+    info = getattr(dataset, "info", None)
+    name = getattr(info, "name", None) or getattr(info, "dataset_name", None) or type(dataset).__name__
+    return f"{name} ({size})" if size is not None else name
+
+
+def plan_steps(loader: DataLoader, args) -> tuple[int | None, int, int]:
+    """(micro-batches per epoch or None without a length, steps per epoch, max_steps). As in transformers' Trainer,
+    the partial accumulation group at the end of an epoch is a step of its own."""
+    per_epoch = len(loader) if not isinstance(loader.dataset, IterableDataset) else None
+    if per_epoch == 0:
+        raise ValueError("the train dataset yields no micro-batch (empty, or drop_last with too few samples)")
+    if per_epoch is None and args.max_steps <= 0:
+        raise ValueError("a train_dataset without a length (an IterableDataset) needs max_steps > 0")
+    steps_per_epoch = math.ceil(per_epoch / args.gradient_accumulation_steps) if per_epoch else args.max_steps
+    max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
+    return per_epoch, steps_per_epoch, max_steps
+
+
+def check_all_labels(dataset, num_labels: int | None, what: str = "train_dataset") -> None:
+    """Every label of an in-memory data set, checked before training (not only the first batch's): integers in
+    [0, num_labels). Data sets that only produce labels when read (a plain torch Dataset, a stream) are checked batch
+    by batch by the loss instead."""
+    labels = _all_labels(dataset)
+    if labels is None or not num_labels or labels.numel() == 0:
+        return
+    if labels.is_floating_point():
+        raise ValueError(f"{what} has floating-point labels ({labels[:5].tolist()}, ...): class labels must be integers")
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0 or high >= num_labels:
+        bad = int(((labels < 0) | (labels >= num_labels)).nonzero()[0])
+        raise ValueError(
+            f"{what} has labels outside [0, {num_labels - 1}] (the model's num_labels={num_labels}): "
+            f"item {bad} is labelled {int(labels[bad])}"
+        )
+
+
+def _all_labels(dataset) -> torch.Tensor | None:
+    labels = getattr(dataset, "labels", None)
+    if torch.is_tensor(labels):
+        return labels
+    names = getattr(dataset, "column_names", None)  # a `datasets.Dataset`: its label column, without transforms
+    column = next((name for name in ("labels", "label") if name in (names or [])), None)
+    if column is None or not hasattr(dataset, "select_columns"):
+        return None
+    return torch.as_tensor(dataset.select_columns([column]).with_format("numpy")[column])

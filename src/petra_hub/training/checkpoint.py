@@ -1,6 +1,12 @@
-"""What a PETRA checkpoint adds to a saved model folder: the optimizer and LR-scheduler state of every stage
+"""PETRA checkpoints: written whole or not at all, and read without running code.
+
+What a PETRA checkpoint adds to a saved model folder: the optimizer and LR-scheduler state of every stage
 (`petra_stage_XXX.pt`, from `Pipeline.state_dict`, indexed by stage so a run may resume on another number of
 processes with the same stages) and the run's position (`petra_state.json`).
+
+A checkpoint is written into `tmp-checkpoint-N/` (which `get_last_checkpoint` and the rotation ignore), checked to
+hold every file, then renamed to `checkpoint-N/` in one step; only then are old checkpoints rotated out. A run
+killed at any moment therefore leaves its last complete checkpoint.
 
 Stage files hold tensors and plain containers only and are read with `torch.load(weights_only=True)`: a
 checkpoint may come from someone else, and loading it must never run code.
@@ -10,10 +16,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
@@ -32,13 +40,82 @@ class PetraState:
     accumulation_steps: int
     epoch: int | None = None  # where the next micro-batch comes from (None in checkpoints of version 0.1)
     epoch_offset: int | None = None
+    micro_batch_size: int | None = None
+    dataset: str | None = None  # the train set's name and size, e.g. "digits (1437)"
+
+    def check_compatible(self, other: "PetraState", folder) -> None:
+        """Refuse to resume a run whose set-up differs from the checkpoint's (fields unknown to old checkpoints are
+        not compared)."""
+        keys = ("num_stages", "mode", "accumulation_steps", "micro_batch_size", "dataset")
+        differ = [
+            f"{key}: checkpoint {getattr(self, key)!r}, this run {getattr(other, key)!r}"
+            for key in keys
+            if getattr(self, key) is not None and getattr(self, key) != getattr(other, key)
+        ]
+        if differ:
+            raise ValueError(f"cannot resume from {folder}: it belongs to a different run ({'; '.join(differ)})")
 
     def save(self, folder: str | Path) -> None:
         Path(folder, PETRA_STATE_NAME).write_text(json.dumps(asdict(self), indent=2))
 
     @classmethod
     def load(cls, folder: str | Path) -> "PetraState":
-        return cls(**json.loads(Path(folder, PETRA_STATE_NAME).read_text()))
+        path = Path(folder, PETRA_STATE_NAME)
+        try:
+            return cls(**json.loads(path.read_text()))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{folder} is not a PETRA checkpoint: it lacks {PETRA_STATE_NAME}") from None
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"{path} is unreadable (the checkpoint is incomplete or corrupt): {error}") from None
+
+
+def required_files(num_stages: int) -> list[str]:
+    stages = [STAGE_STATE_PATTERN.format(index) for index in range(num_stages)]
+    return ["config.json", "model.safetensors", "trainer_state.json", PETRA_STATE_NAME, *stages]
+
+
+def staging_dir(final: str) -> str:
+    """Where checkpoint `final` is written before it is published (invisible to `get_last_checkpoint`)."""
+    return os.path.join(os.path.dirname(final), "tmp-" + os.path.basename(final))
+
+
+def publish_checkpoint(staging: str, final: str, num_stages: int) -> None:
+    """Check that `staging` holds the whole checkpoint, then rename it to `final` (replacing an older one)."""
+    missing = [name for name in required_files(num_stages) if not Path(staging, name).is_file()]
+    if missing:
+        raise RuntimeError(
+            f"checkpoint {final} is incomplete (missing {', '.join(missing[:4])}); it was not published and the "
+            "previous checkpoints are kept"
+        )
+    if os.path.isdir(final):
+        aside = os.path.join(os.path.dirname(final), "tmp-replaced-" + os.path.basename(final))
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(final, aside)
+        os.replace(staging, final)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.replace(staging, final)
+
+
+def validate_checkpoint(folder: str, num_stages: int) -> None:
+    """Before resuming: every file is there and readable (a truncated file names itself)."""
+    from safetensors import safe_open
+
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"resume_from_checkpoint {folder!r} is not a folder")
+    missing = [name for name in required_files(num_stages) if not Path(folder, name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"checkpoint {folder} is incomplete: it lacks {', '.join(missing[:4])}")
+    for name in ("trainer_state.json", PETRA_STATE_NAME):
+        try:
+            json.loads(Path(folder, name).read_text())
+        except ValueError as error:
+            raise ValueError(f"{Path(folder, name)} is unreadable (the checkpoint is incomplete): {error}") from None
+    try:
+        with safe_open(str(Path(folder, "model.safetensors")), framework="pt") as handle:
+            handle.keys()
+    except Exception as error:
+        raise ValueError(f"{Path(folder, 'model.safetensors')} is unreadable (the checkpoint is incomplete): {error}") from None
 
 
 def save_stage_states(folder: str | Path, pipeline: Pipeline) -> None:
@@ -69,16 +146,16 @@ def load_stage_states(folder: str | Path, pipeline: Pipeline) -> None:
     pipeline.load_state_dict(states)
 
 
-def save_checkpoint_files(trainer, output_dir: str, run_dir: str, state: PetraState) -> None:
+def save_checkpoint_files(trainer, folder: str, final: str, state: PetraState) -> None:
     """Everything a checkpoint holds beside the model folder: the stages' optimizer states (written by replica 0's
     ranks), then, on the saving rank, `petra_state.json`, the callbacks' states and `trainer_state.json` (with the
-    best checkpoint so far), and the rotation of old checkpoints (which keeps the best one)."""
-    os.makedirs(output_dir, exist_ok=True)
+    best checkpoint so far). `final` is where the checkpoint will be published."""
+    os.makedirs(folder, exist_ok=True)
     if trainer.pipeline.replica == 0:
-        save_stage_states(output_dir, trainer.pipeline)
+        save_stage_states(folder, trainer.pipeline)
     if not trainer.args.should_save:
         return
-    state.save(output_dir)
+    state.save(folder)
     for callback in [cb for cb in trainer.callback_handler.callbacks + [trainer.control] if isinstance(cb, ExportableState)]:
         name = callback.__class__.__name__
         if isinstance(trainer.state.stateful_callbacks.get(name), list):
@@ -86,10 +163,14 @@ def save_checkpoint_files(trainer, output_dir: str, run_dir: str, state: PetraSt
         else:
             trainer.state.stateful_callbacks[name] = callback.state()
     if trainer.state.best_global_step:
-        best = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.best_global_step}")
-        if os.path.isdir(best):
+        best = os.path.join(os.path.dirname(final), f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.best_global_step}")
+        if best == final or os.path.isdir(best):
             trainer.state.best_model_checkpoint = best
-    trainer.state.save_to_json(os.path.join(output_dir, "trainer_state.json"))
+    trainer.state.save_to_json(os.path.join(folder, "trainer_state.json"))
+
+
+def rotate(trainer, run_dir: str) -> None:
+    """Delete old checkpoints beyond `save_total_limit`, never the best one (only after a new one is published)."""
     rotate_checkpoints(
         output_dir=run_dir,
         save_total_limit=trainer.args.save_total_limit,
@@ -104,3 +185,23 @@ def load_best_model(model: torch.nn.Module, checkpoint: str | Path) -> None:
     if not path.is_file():
         raise FileNotFoundError(f"the best checkpoint {checkpoint} holds no model.safetensors")
     model.load_state_dict(load_file(str(path), device=str(next(model.parameters()).device)))
+
+
+def write_checkpoint(trainer, run_dir: str, state: PetraState) -> None:
+    """Write `checkpoint-N` whole or not at all (call it on every rank): into `tmp-checkpoint-N`, then checked and
+    renamed by the saving rank, which only then rotates old checkpoints out and pushes (per `hub_strategy`)."""
+    final = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}")
+    staging = staging_dir(final)
+    if trainer.args.should_save:
+        shutil.rmtree(staging, ignore_errors=True)  # left by a run killed while saving
+    trainer.save_model(staging, _internal_call=True)
+    save_checkpoint_files(trainer, staging, final, state)
+    if dist.is_initialized():
+        dist.barrier()
+    if trainer.args.should_save:
+        publish_checkpoint(staging, final, state.num_stages)
+        rotate(trainer, run_dir)
+    if trainer.args.push_to_hub:
+        trainer._push_from_checkpoint(final)
+    if dist.is_initialized():
+        dist.barrier()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 
@@ -99,3 +100,23 @@ def broadcast_module(module: torch.nn.Module, src: int = 0) -> None:
             for tensor in group:
                 tensor.copy_(flat[offset : offset + tensor.numel()].view_as(tensor))
                 offset += tensor.numel()
+
+
+@contextlib.contextmanager
+def raise_on_every_rank():
+    """Run a check on every rank; if it fails on any, raise on all (the failing rank's error, others a summary),
+    instead of leaving the other ranks waiting for a peer that has stopped."""
+    error = None
+    try:
+        yield
+    except Exception as caught:  # re-raised below, after the others have heard of it
+        error = caught
+    if world_size() > 1:
+        messages = [None] * dist.get_world_size()
+        dist.all_gather_object(messages, None if error is None else f"{type(error).__name__}: {error}")
+        failed = [(rank, m) for rank, m in enumerate(messages) if m is not None]
+        if failed and error is None:
+            rank, message = failed[0]
+            raise RuntimeError(f"process {rank} stopped before training: {message}")
+    if error is not None:
+        raise error

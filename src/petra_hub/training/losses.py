@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..engine import Pipeline
 from .distributed import all_reduce_sum
 
 
@@ -44,3 +45,10 @@ def collect(pending: LossWindow, device, global_step: int, last_stage: int) -> L
             "stopping before anything else is saved"
         )
     return LossWindow(loss_sum, int(count), pending.samples)
+
+
+def grad_norm(pipeline: Pipeline, device, replicas: int) -> float:
+    """The norm over all stages of their last averaged gradients, before clipping (a collective)."""
+    squares = sum(c.grad_norm**2 for c in pipeline.counters().values() if c.grad_norm is not None)
+    total = all_reduce_sum(torch.tensor([squares], dtype=torch.float64), device)
+    return math.sqrt(float(total[0]) / replicas)  # replicas hold equal gradients

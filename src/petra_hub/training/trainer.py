@@ -23,16 +23,17 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
 from transformers import Trainer
 from transformers.trainer_callback import ExportableState, TrainerState
-from transformers.trainer_utils import PredictionOutput, TrainOutput, speed_metrics
+from transformers.trainer_utils import PredictionOutput, TrainOutput, get_last_checkpoint, speed_metrics
 
 from ..engine import Pipeline, merge_stages, replica_of
 from .arguments import PetraTrainingArguments
-from .batches import check_first_batch, epoch_batches, make_loader, split_batch
+from .batches import check_all_labels, check_first_batch, dataset_label, epoch_batches, make_loader, plan_steps, split_batch
 from .card import write_run_card
-from .checkpoint import PetraState, load_best_model, load_stage_states, save_checkpoint_files
-from .distributed import all_reduce_sum, broadcast_module, world_size
+from .checkpoint import PetraState, load_best_model, load_stage_states, validate_checkpoint, write_checkpoint
+from .distributed import broadcast_module, raise_on_every_rank, world_size
 from .evaluation import run_inference
-from .losses import LossWindow, collect
+from .guards import RunLock, check_finite, check_not_another_run, check_output_dir
+from .losses import LossWindow, collect, grad_norm
 from .optimization import optimizer_factory, scheduler_factory
 from .sampler import EpochSampler
 
@@ -65,6 +66,7 @@ class PetraTrainer(Trainer):
         self._unlogged = LossWindow()  # collected on every rank, not logged yet
         self._model_synced = True  # every rank's `self.model` holds every stage's current weights
         self._last_eval_metrics: dict | None = None
+        self._lock = RunLock(args.output_dir)
 
     def _make_stages(self) -> list:
         stages = merge_stages(self.model.get_stages(), self.args.petra_num_stages or len(self.model.get_stages()))
@@ -146,14 +148,11 @@ class PetraTrainer(Trainer):
         self.stages = self._make_stages()  # model_init may have built a new model
         loader = self.get_train_dataloader()
         check_first_batch(self.model, self.data_collator, loader.dataset)
-        per_epoch = len(loader) if not isinstance(loader.dataset, IterableDataset) else None
-        if per_epoch == 0:
-            raise ValueError("the train dataset yields no micro-batch (empty, or drop_last with too few samples)")
-        if per_epoch is None and args.max_steps <= 0:
-            raise ValueError("a train_dataset without a length (an IterableDataset) needs max_steps > 0")
-        # As in transformers' Trainer, the partial group at the end of an epoch is a step of its own.
-        steps_per_epoch = math.ceil(per_epoch / args.gradient_accumulation_steps) if per_epoch else args.max_steps
-        max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * steps_per_epoch)
+        check_all_labels(self.train_dataset, getattr(self.model.config, "num_labels", None))
+        per_epoch, steps_per_epoch, max_steps = plan_steps(loader, args)
+
+        with raise_on_every_rank():
+            self._preflight(resume_from_checkpoint)
 
         self.state = TrainerState(stateful_callbacks=self._exportable_callbacks())
         self.state.train_batch_size = args.per_device_train_batch_size
@@ -163,6 +162,7 @@ class PetraTrainer(Trainer):
             self.state = TrainerState.load_from_json(os.path.join(resume_from_checkpoint, "trainer_state.json"))
             self._load_callback_state()
             saved = PetraState.load(resume_from_checkpoint)
+            saved.check_compatible(self._run_state(), resume_from_checkpoint)
             self._micro_batches_fed = saved.micro_batches_fed
             if saved.epoch is not None:
                 self._position = (saved.epoch, saved.epoch_offset)
@@ -231,6 +231,32 @@ class PetraTrainer(Trainer):
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         return TrainOutput(self.state.global_step, metrics["train_loss"], metrics)
 
+    def _run_state(self) -> PetraState:
+        args = self.args
+        return PetraState(self._micro_batches_fed, len(self.stages), args.petra_mode, args.gradient_accumulation_steps,
+                          *self._position, args.per_device_train_batch_size, dataset_label(self.train_dataset))
+
+    def _preflight(self, resume_from_checkpoint: str | None) -> None:
+        """What can fail later is checked now, before any work: the output folder (writable, room for a checkpoint,
+        not another run's, not in use). The checkpoint to resume from was checked by `train`."""
+        if self.args.should_save:
+            self._lock = RunLock(self.args.output_dir)
+            check_not_another_run(self.args.output_dir, resume_from_checkpoint, self.args.overwrite_output_dir)
+            check_output_dir(self.args.output_dir, self.model)
+            self._lock.acquire()
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+            if resume_from_checkpoint is None:
+                raise ValueError(f"resume_from_checkpoint=True, but output_dir {self.args.output_dir!r} holds no checkpoint")
+        if resume_from_checkpoint:  # before transformers reads any of it
+            validate_checkpoint(resume_from_checkpoint, len(self.stages))
+        try:
+            return super().train(resume_from_checkpoint or None, *args, **kwargs)
+        finally:
+            self._lock.release()
+
     def _feed(self, batch) -> None:
         pixel_values, labels = split_batch(batch)
         losses = self.pipeline.step(pixel_values, labels)
@@ -267,6 +293,7 @@ class PetraTrainer(Trainer):
         if self.pipeline is not None and self.pipeline.undrained:
             self._pending.add(self.pipeline.drain())
             self._collect_losses()
+            check_finite(self.pipeline, f"at global step {self.state.global_step}")
         if self.pipeline is not None and not self._model_synced:
             self.pipeline.gather_stages(dst=None)
         self._model_synced = True
@@ -292,7 +319,7 @@ class PetraTrainer(Trainer):
             self._total_loss_scalar += window.loss_sum
             self._losses_logged += window.losses
         if self.args.max_grad_norm:
-            logs["grad_norm"] = self._grad_norm()
+            logs["grad_norm"] = grad_norm(self.pipeline, self.args.device, self.args.petra_data_parallel)
         learning_rate = self.pipeline.last_lr()
         if learning_rate is not None:
             logs["learning_rate"] = learning_rate
@@ -302,12 +329,6 @@ class PetraTrainer(Trainer):
         self._globalstep_last_logged = self.state.global_step
         if logs or force:
             self.log(logs)
-
-    def _grad_norm(self) -> float:
-        """The norm over all stages of their last averaged gradients (before clipping); a collective."""
-        squares = sum(c.grad_norm**2 for c in self.pipeline.counters().values() if c.grad_norm is not None)
-        total = all_reduce_sum(torch.tensor([squares], dtype=torch.float64), self.args.device)
-        return math.sqrt(float(total[0]) / self.args.petra_data_parallel)  # replicas hold equal gradients
 
     # -- evaluation and prediction ------------------------------------------------------------------------------------
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
@@ -356,17 +377,7 @@ class PetraTrainer(Trainer):
             dist.barrier()
 
     def _save_checkpoint(self, model, trial) -> None:
-        run_dir = self._get_output_dir(trial=trial)
-        output_dir = os.path.join(run_dir, f"checkpoint-{self.state.global_step}")
-        self.save_model(output_dir, _internal_call=True)
-        args = self.args
-        state = PetraState(self._micro_batches_fed, len(self.stages), args.petra_mode, args.gradient_accumulation_steps,
-                           *self._position)
-        save_checkpoint_files(self, output_dir, run_dir, state)
-        if args.push_to_hub:
-            self._push_from_checkpoint(output_dir)
-        if dist.is_initialized():
-            dist.barrier()
+        write_checkpoint(self, self._get_output_dir(trial=trial), self._run_state())
 
     def _exportable_callbacks(self) -> list:
         return [cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)]

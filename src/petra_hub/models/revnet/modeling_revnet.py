@@ -10,6 +10,8 @@ so that `trust_remote_code=True` users can load them without petra_hub.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as functional
 from torch import nn
@@ -230,6 +232,18 @@ class RevNetPreTrainedModel(PreTrainedModel):
             init.zeros_(module.running_mean)
             init.ones_(module.running_var)
             init.zeros_(module.num_batches_tracked)
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """transformers' `from_pretrained`, plus a warning naming any weight or statistic that holds NaN or
+        infinity (a checkpoint saved from a diverged run loads without error but predicts nothing useful)."""
+        loaded = super().from_pretrained(*args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
+        bad = [name for name, tensor in model.state_dict().items() if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
+        if bad:
+            shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+            warnings.warn(f"{cls.__name__}.from_pretrained: non-finite values (NaN or inf) in {shown}", stacklevel=2)
+        return loaded
 
 
 class RevNetModel(RevNetPreTrainedModel):

@@ -1,0 +1,135 @@
+"""Checks that keep a run from losing work or writing something it cannot resume from: finite weights before
+every drain point and save, a writable output folder with room for a checkpoint, one run per folder at a time."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from itertools import chain
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ..engine import Pipeline
+from .distributed import world_size
+
+LOCK_NAME = ".petra_run.lock"
+RUN_FILES = ("trainer_state.json", "model.safetensors", "petra_state.json")
+
+
+def non_finite_tensors(module: torch.nn.Module) -> list[str]:
+    """Names of the floating-point parameters and buffers of `module` holding NaN or infinity."""
+    named = [(n, t) for n, t in chain(module.named_parameters(), module.named_buffers()) if t.is_floating_point()]
+    if not named or bool(torch.stack([torch.isfinite(t).all() for _, t in named]).all()):  # one sync per stage
+        return []
+    return [name for name, tensor in named if not bool(torch.isfinite(tensor).all())]
+
+
+def check_finite(pipeline: Pipeline, when: str) -> None:
+    """Raise FloatingPointError on every rank if any rank's stage holds a non-finite weight or statistic."""
+    problem = None
+    for index in pipeline.local:
+        names = non_finite_tensors(pipeline.stages[index])
+        if names:
+            problem = f"stage {index} ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})"
+            break
+    if world_size() > 1:
+        problems = [None] * dist.get_world_size()
+        dist.all_gather_object(problems, problem)
+        problem = next((p for p in problems if p), None)
+    if problem:
+        raise FloatingPointError(
+            f"non-finite weights or batch-norm statistics in {problem} {when}: training diverged (lower the "
+            "learning rate, clip gradients with max_grad_norm, check the inputs); nothing is saved in this state"
+        )
+
+
+def checkpoint_bytes(model: torch.nn.Module) -> int:
+    """A generous estimate of one checkpoint's size: weights, two optimizer buffers per weight, the model folder."""
+    weights = sum(t.numel() * t.element_size() for t in chain(model.parameters(), model.buffers()))
+    return 4 * weights + (1 << 20)
+
+
+def check_output_dir(folder: str, model: torch.nn.Module) -> None:
+    """Fail before the first step if `folder` cannot be written or has no room for a checkpoint."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        probe = Path(folder, f".petra_write_probe_{os.getpid()}")
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as error:
+        raise PermissionError(f"output_dir {folder!r} is not writable ({error}); nothing was trained") from error
+    free, needed = shutil.disk_usage(folder).free, checkpoint_bytes(model)
+    if free < needed:
+        raise OSError(
+            f"output_dir {folder!r} has {free / 2**20:.0f} MiB free, less than one checkpoint needs "
+            f"(about {needed / 2**20:.0f} MiB); nothing was trained"
+        )
+
+
+def check_not_another_run(folder: str, resume_from_checkpoint: str | None, overwrite: bool) -> None:
+    """Refuse to train into a folder that holds another run's results (unless told to overwrite them)."""
+    if overwrite or not os.path.isdir(folder):
+        return
+    if resume_from_checkpoint and Path(resume_from_checkpoint).resolve().parent == Path(folder).resolve():
+        return  # continuing this folder's own run
+    found = sorted(p.name for p in Path(folder).iterdir() if p.name.startswith("checkpoint-") or p.name in RUN_FILES)
+    if found:
+        raise FileExistsError(
+            f"output_dir {folder!r} already holds another run ({', '.join(found[:3])}{', ...' if len(found) > 3 else ''}): "
+            "choose another output_dir, resume from one of its checkpoints, or set overwrite_output_dir=True"
+        )
+
+
+class RunLock:
+    """`output_dir/.petra_run.lock`, held by the saving process while it trains: a second run into the same folder
+    fails at once instead of silently mixing checkpoints. A lock left by a dead process on this host is taken over."""
+
+    def __init__(self, folder: str):
+        self.path = Path(folder, LOCK_NAME)
+        self.held = False
+
+    def acquire(self) -> None:
+        owner = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+        for _ in range(2):
+            try:
+                with open(self.path, "x", encoding="utf-8") as handle:
+                    json.dump(owner, handle)
+                self.held = True
+                return
+            except FileExistsError:
+                holder = self._holder()
+                if holder is not None and not self._stale(holder):
+                    raise FileExistsError(
+                        f"another run (process {holder.get('pid')} on {holder.get('host')}) is training into "
+                        f"{str(self.path.parent)!r}; wait for it or choose another output_dir"
+                    ) from None
+                self.path.unlink(missing_ok=True)
+        raise FileExistsError(f"could not take the run lock {str(self.path)!r}")
+
+    def release(self) -> None:
+        if self.held:
+            self.path.unlink(missing_ok=True)
+            self.held = False
+
+    def _holder(self) -> dict | None:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    @staticmethod
+    def _stale(holder: dict) -> bool:
+        if holder.get("host") != socket.gethostname():
+            return False  # another machine: cannot tell, assume alive
+        if holder.get("pid") == os.getpid():
+            return True  # left by an earlier trainer of this process
+        try:
+            os.kill(int(holder.get("pid", -1)), 0)
+        except (OSError, ValueError):
+            return True
+        return False
