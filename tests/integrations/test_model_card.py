@@ -145,3 +145,119 @@ def test_default_template_is_the_packaged_card():
     text = path.read_text()
     assert "import petra_hub  #" not in text  # registration happens on importing the model classes
     assert "from petra_hub import RevNetForImageClassification" in text
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# what a published card needs: every metric, the run's settings and results, a how-to per data set
+
+
+def test_learning_rate_zero_is_a_valid_summary():
+    assert "| Learning rate | 0 |" in render_model_card(full_summary(learning_rate=0)).text
+    assert "| Learning rate | 0 |" in render_model_card(full_summary(learning_rate=0.0)).text
+    with pytest.raises(ValueError, match="learning_rate"):
+        render_model_card(full_summary(learning_rate=-0.1))
+    with pytest.raises(ValueError, match="epochs must be positive"):
+        render_model_card(full_summary(epochs=0))
+    with pytest.raises(ValueError, match="label_smoothing"):
+        render_model_card(full_summary(label_smoothing=1.5))
+    with pytest.raises(ValueError, match="global_steps"):
+        render_model_card(full_summary(global_steps=-1))
+
+
+def test_every_metric_is_reported_and_indexed():
+    summary = full_summary(eval_metrics={"eval_f1": 0.8812, "top_5_accuracy": 0.99, "eval_runtime": 3.2,
+                                         "eval_samples_per_second": 100.0})
+    card = render_model_card(summary)
+    for row in ("| Accuracy (test split) | 91.37 % |", "| Loss (test split) | 0.3012 |", "| F1 (test split) | 0.8812 |",
+                "| Top 5 accuracy (test split) | 99.00 % |"):
+        assert row in card.text, row
+    assert "runtime" not in card.text.lower() and "per_second" not in card.content
+    assert [(r.metric_type, r.metric_value) for r in card.data.eval_results] == [
+        ("accuracy", 0.9137), ("f1", 0.8812), ("top_5_accuracy", 0.99)]
+    assert card.data.metrics == ["accuracy", "f1", "top_5_accuracy"]
+    only_loss = render_model_card(full_summary(eval_accuracy=None))
+    assert only_loss.data.eval_results is None and "| Loss (test split) | 0.3012 |" in only_loss.text
+
+
+def test_hyper_parameters_results_and_versions():
+    summary = full_summary(
+        optimizer="`sgd`: SGD(momentum=0.9, nesterov=True)", lr_schedule="linear warm-up, then cosine",
+        warmup_steps=50, weight_decay=5e-4, max_grad_norm=0.0, label_smoothing=0.1, seed=7, global_steps=1000,
+        buffered_stages=5, framework_versions={"petra_hub": "9.9", "torch": "1.0"},
+        results=[{"epoch": 1.0, "step": 500, "training_loss": None, "eval_loss": 1.25, "eval_accuracy": 0.5},
+                 {"epoch": 2.0, "step": 1000, "training_loss": 0.75, "eval_loss": 0.5, "eval_accuracy": 0.875}],
+    )
+    text = render_model_card(summary).text
+    for row in ("| Optimizer | `sgd`: SGD(momentum=0.9, nesterov=True) |",
+                "| LR schedule | linear warm-up, then cosine |",
+                "| Warm-up steps | 50 |", "| Weight decay (not on biases and norms) | 0.0005 |", "| Seed | 7 |",
+                "| Max gradient norm (each stage clips its own; 0: no clipping) | 0 |", "| Label smoothing | 0.1 |",
+                "| Global steps (optimizer updates per stage) | 1000 |",
+                "| Epoch | Step | Training loss | Eval loss | Eval accuracy |",
+                "| 1 | 500 | - | 1.2500 | 50.00 % |", "| 2 | 1000 | 0.7500 | 0.5000 | 87.50 % |",
+                "| petra_hub | 9.9 |", "| torch | 1.0 |", "(5 of this run's 10 pipeline stages)"):
+        assert row in text, row
+    assert "No evaluation or training loss was logged" in render_model_card(full_summary()).text
+    installed = render_model_card(full_summary()).text.split("## Framework versions")[1]
+    for name in ("petra_hub", "torch", "transformers", "datasets", "accelerate", "huggingface_hub"):
+        assert f"| {name} | " in installed, name
+
+
+def test_create_model_card_fields_reach_the_metadata():
+    summary = full_summary(language="en", license="mit", tags=["my-tag", "petra"], base_model="org/base",
+                           tasks=["image-feature-extraction"], dataset_tags=["org/more"], dataset_title="My CIFAR",
+                           dataset_config="plain_text")
+    card = render_model_card(summary)
+    data = card.data
+    assert (data.language, data.license, data.base_model, data.pipeline_tag) == (
+        "en", "mit", "org/base", "image-feature-extraction")
+    assert data.tags == TAGS + ["my-tag"]
+    assert data.datasets == ["uoft-cs/cifar10", "org/more"]
+    [result, *_] = data.eval_results
+    assert (result.task_type, result.dataset_name, result.dataset_type, result.dataset_config) == (
+        "image-feature-extraction", "My CIFAR", "uoft-cs/cifar10", "plain_text")
+    assert "fine-tuned from [org/base](https://huggingface.co/org/base)" in card.text
+    assert "| Data set | My CIFAR (`uoft-cs/cifar10`, `org/more`, config `plain_text`) |" in card.text
+    assert 'load_dataset("uoft-cs/cifar10", "plain_text", split="test")' in card.text
+
+
+def how_to(card) -> str:
+    return card.text.split("## How to use")[1].split("## Limitations")[0]
+
+
+def test_how_to_per_data_set():
+    digits = how_to(render_model_card(full_summary(dataset="digits", dataset_id=None)))
+    assert "load_digits()" in digits and "Image.fromarray" in digits and "path/to/image" not in digits
+    cifar100 = how_to(render_model_card(full_summary(dataset="cifar100", dataset_id="uoft-cs/cifar100")))
+    assert 'load_dataset("uoft-cs/cifar100", split="test")[0]' in cifar100
+    assert 'image = example["img"]' in cifar100 and 'example["fine_label"]' in cifar100
+    imagenet = how_to(render_model_card(full_summary(dataset="imagenet", dataset_id="ILSVRC/imagenet-1k")))
+    assert 'load_dataset("ILSVRC/imagenet-1k", split="validation")' in imagenet  # its "test" split has no labels
+    hub = how_to(render_model_card(full_summary(dataset="beans", dataset_id="org/beans", image_column="image",
+                                                label_column="labels", example_split="validation")))
+    assert 'load_dataset("org/beans", split="validation")[0]' in hub and 'example["labels"]' in hub
+    for summary in (full_summary(dataset="imagenet32", dataset_id=None), full_summary(dataset="my-photos",
+                                                                                      dataset_id=None)):
+        text = how_to(render_model_card(summary))
+        assert 'Image.open("path/to/image.png")  # placeholder' in text and "is a placeholder" in text
+    for text in (digits, cifar100, imagenet, hub):
+        assert text.count("image = ") == 2  # each block defines the image it classifies
+        assert 'print("predicted label:"' in text
+
+
+def test_input_convention_and_limitations():
+    digits = render_model_card(full_summary(dataset="digits", dataset_id=None)).text
+    assert "white digits on a black background" in digits and "upscaled to 16x16" in digits
+    assert "1.4-2.5 points below backprop" in digits and "not reproduced here" not in digits
+    cifar = render_model_card(full_summary()).text
+    assert "white digits" not in cifar
+    assert "results on\n  CIFAR-10 were not reproduced here beyond this model's own evaluation above" in cifar
+    unevaluated = render_model_card(full_summary(eval_accuracy=None, eval_loss=None)).text
+    assert "this card records no evaluation: this model's accuracy is unknown" in unevaluated
+    assert "The stem, the downsampling blocks and the head are not reversible and store" in cifar
+    backprop = render_model_card(full_summary(mode="backprop")).text
+    assert "synchronous (no delayed gradients)" in backprop and "keeps the autograd graph" in backprop
+    assert "1.4-2.5 points" not in backprop
+    custom = render_model_card(full_summary(dataset="my-photos", dataset_id=None, image_size=24,
+                                            image_mean=(0.5, 0.5, 0.5), image_std=(0.25, 0.25, 0.25))).text
+    assert "3x24x24 images, rescaled to [0, 1] and normalised with mean (0.5, 0.5, 0.5) and std (0.25" in custom

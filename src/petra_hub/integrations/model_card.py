@@ -6,8 +6,10 @@
     write_model_card("out/revnet18-cifar10-petra", summary, repo_id="me/revnet18-cifar10-petra")
 
 The card text comes from a jinja2 template (``model_cards/revnet.md``); its YAML header (license, tags, data sets,
-``model-index`` with the evaluated accuracy) is built with ``huggingface_hub.ModelCardData``. The words about a mode
-come from :class:`petra_hub.engine.Mode`, those about a data set from :func:`petra_hub.data.dataset_spec`.
+``model-index`` with the evaluated metrics) is built with ``huggingface_hub.ModelCardData``. The words about a mode
+come from :class:`petra_hub.engine.Mode`, those about a data set from :func:`petra_hub.data.dataset_spec`, the
+formatted values and the how-to snippet from :mod:`petra_hub.integrations.model_card_text`.
+:func:`petra_hub.training.card.write_run_card` fills a summary from a ``PetraTrainer``.
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ import importlib.resources
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from ..data import DatasetSpec, dataset_spec
 from ..engine.modes import Mode
-from ..models.revnet.configuration_revnet import PRESETS, canonical_preset
+from . import model_card_text as words
+from .model_card_text import NOT_RECORDED
 
 __all__ = [
     "NOT_RECORDED",
@@ -34,9 +36,9 @@ __all__ = [
     "write_model_card",
 ]
 
-NOT_RECORDED = "not recorded"
 TAGS = ["petra", "reversible-network", "revnet", "image-classification", "pipeline-parallel", "petra_hub"]
 TEMPLATE_NAME = "revnet.md"
+DEFAULT_TASK = "image-classification"
 
 
 @dataclass
@@ -45,7 +47,7 @@ class TrainingSummary:
 
     model_name: str  # e.g. "revnet18-digits-petra"
     preset: str | None  # "revnet18", "revnet34", "revnet50", "revnet101"; None for a custom configuration
-    dataset: str  # petra_hub.data name: "digits", "cifar10", ...
+    dataset: str  # petra_hub.data name ("digits", "cifar10", ...) or the name of any other data set
     dataset_id: str | None = None  # Hub data set id for the metadata, e.g. "uoft-cs/cifar10"
     mode: str = "petra"
     num_stages: int | None = None  # J
@@ -53,13 +55,44 @@ class TrainingSummary:
     num_processes: int = 1
     epochs: float | None = None
     micro_batch_size: int | None = None
-    learning_rate: float | None = None
+    learning_rate: float | None = None  # 0 is a valid (if useless) choice
     hardware: str | None = None  # e.g. "2 CPU cores (gloo)", "8x H100 (NCCL)"
     eval_accuracy: float | None = None  # a fraction in [0, 1]
     eval_loss: float | None = None
     num_parameters: int | None = None
     license: str = "apache-2.0"
     extra: dict = field(default_factory=dict)  # more rows for the training table (name -> value)
+    # -- the data set
+    dataset_title: str | None = None  # how the card names it; default: the registry's description, else `dataset`
+    dataset_config: str | None = None  # the Hub configuration (`Trainer.create_model_card(dataset_args=...)`)
+    dataset_tags: list = field(default_factory=list)  # more Hub data set ids for the `datasets` metadata
+    eval_split: str = "test"
+    label_names: list | None = None  # class names; default: the model config's id2label, else the registry's
+    image_size: int | None = None  # input convention of a data set petra_hub does not know (its image processor)
+    image_mean: tuple | None = None
+    image_std: tuple | None = None
+    image_column: str | None = None  # where the how-to finds an image and its label in a Hub data set
+    label_column: str | None = None
+    example_split: str | None = None
+    # -- hyper-parameters
+    optimizer: str | None = None  # e.g. "`sgd`: SGD(momentum=0.9, nesterov=True)"
+    lr_schedule: str | None = None  # e.g. "cosine", "x0.1 at epochs 150, 225 (after the warm-up)"
+    warmup_steps: int | None = None
+    weight_decay: float | None = None
+    max_grad_norm: float | None = None
+    label_smoothing: float | None = None
+    seed: int | None = None
+    global_steps: int | None = None
+    buffered_stages: int | None = None  # pipeline stages that store their input (not reversible)
+    # -- results
+    eval_metrics: dict = field(default_factory=dict)  # every other evaluated metric, e.g. {"f1": 0.91}
+    results: list = field(default_factory=list)  # rows {"epoch", "step", "training_loss", metric: value}
+    framework_versions: dict | None = None  # None: the versions installed when the card is rendered
+    # -- metadata (the arguments of `Trainer.create_model_card`)
+    language: str | list | None = None
+    tags: list = field(default_factory=list)  # added to TAGS
+    base_model: str | None = None  # `finetuned_from`
+    tasks: list = field(default_factory=list)  # the first one is the pipeline tag; default "image-classification"
 
     def validate(self) -> None:
         """Raise a ValueError naming the first field that cannot be right."""
@@ -72,154 +105,192 @@ class TrainingSummary:
                 f"TrainingSummary.eval_accuracy is a fraction in [0, 1], got {self.eval_accuracy!r} "
                 "(give 0.93, not 93)"
             )
-        for name in ("num_stages", "accumulation_steps", "num_processes", "micro_batch_size", "num_parameters"):
+        for name in ("num_stages", "accumulation_steps", "num_processes", "micro_batch_size", "num_parameters",
+                     "image_size"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"TrainingSummary.{name} must be a positive integer or None, got {value!r}")
-        for name in ("epochs", "learning_rate"):
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise ValueError(f"TrainingSummary.seed must be an integer or None, got {self.seed!r}")
+        for name in ("warmup_steps", "global_steps", "buffered_stages"):
             value = getattr(self, name)
-            if value is not None and not float(value) > 0:
-                raise ValueError(f"TrainingSummary.{name} must be positive or None, got {value!r}")
-        if not isinstance(self.extra, dict):
-            raise ValueError(f"TrainingSummary.extra must be a dict, got {type(self.extra).__name__}")
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ValueError(f"TrainingSummary.{name} must be a non-negative integer or None, got {value!r}")
+        if self.epochs is not None and not float(self.epochs) > 0:
+            raise ValueError(f"TrainingSummary.epochs must be positive or None, got {self.epochs!r}")
+        for name in ("learning_rate", "max_grad_norm"):
+            value = getattr(self, name)
+            if value is not None and not float(value) >= 0:
+                raise ValueError(f"TrainingSummary.{name} must be zero, positive or None, got {value!r}")
+        if self.label_smoothing is not None and not 0.0 <= float(self.label_smoothing) <= 1.0:
+            raise ValueError(f"TrainingSummary.label_smoothing is a fraction in [0, 1], got {self.label_smoothing!r}")
+        for name, kind in (("extra", dict), ("eval_metrics", dict), ("results", list), ("dataset_tags", list),
+                           ("tags", list), ("tasks", list)):
+            if not isinstance(getattr(self, name), kind):
+                raise ValueError(f"TrainingSummary.{name} must be a {kind.__name__}, "
+                                 f"got {type(getattr(self, name)).__name__}")
+        if not all(isinstance(row, dict) for row in self.results):
+            raise ValueError("TrainingSummary.results must be a list of dicts (one per evaluation)")
+        if self.framework_versions is not None and not isinstance(self.framework_versions, dict):
+            raise ValueError("TrainingSummary.framework_versions must be a dict or None")
         Mode.parse(self.mode)
+
+    # -- what the card derives from the summary -----------------------------------------------------------------
+    def spec(self) -> DatasetSpec | None:
+        """The :class:`petra_hub.data.DatasetSpec` of the data set, or None for one petra_hub does not know."""
+        try:
+            return dataset_spec(self.dataset)
+        except ValueError:
+            return None
+
+    def title(self) -> str:
+        """The data set's name in the body and in ``model-index``."""
+        spec = self.spec()
+        return self.dataset_title or (spec.title if spec is not None else self.dataset)
+
+    def metrics(self) -> dict:
+        """Every evaluated metric (accuracy and loss first), names without the "eval_" prefix."""
+        metrics = {"accuracy": self.eval_accuracy, "loss": self.eval_loss}
+        metrics.update({words.metric_key(key): value for key, value in self.eval_metrics.items()
+                        if not words.is_speed_metric(key)})
+        return {key: value for key, value in metrics.items() if value is not None}
 
 
 # --------------------------------------------------------------------------------------------------------------
-# formatting
+# metadata
 
 
-def _text(value: Any) -> str:
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return NOT_RECORDED
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, (list, tuple)):
-        return ", ".join(_text(item) for item in value) if value else NOT_RECORDED
-    return str(value)
-
-
-def _parameters_text(count: int | None) -> str:
-    if count is None:
-        return NOT_RECORDED
-    return f"{count:,} ({count / 1e6:.1f} M)" if count >= 100_000 else f"{count:,}"
-
-
-def _accuracy_text(accuracy: float | None) -> str:
-    return NOT_RECORDED if accuracy is None else f"{100 * float(accuracy):.2f} %"
-
-
-def _loss_text(loss: float | None) -> str:
-    return NOT_RECORDED if loss is None else f"{float(loss):.4f}"
-
-
-def _known_spec(dataset: str) -> DatasetSpec | None:
-    """The :class:`petra_hub.data.DatasetSpec` of `dataset`, or None for a data set petra_hub does not know."""
-    try:
-        return dataset_spec(dataset)
-    except ValueError:
-        return None
-
-
-def _architecture(preset: str | None, config=None) -> tuple[str, str]:
-    """(short name, one-line description) of the architecture: from `config` when given, else from the preset."""
-    key = canonical_preset(preset) if preset else None
-    paper = PRESETS[key] if key else None
-    if config is not None:
-        layout = {"block_type": config.block_type, "depths": list(config.depths),
-                  "hidden_sizes": list(config.hidden_sizes)}
-    elif paper is not None:
-        layout = paper
-    else:
-        return (preset or "a custom RevNet"), "custom RevNet configuration (see `config.json`)"
-    if paper is not None and all(layout[name] == paper[name] for name in paper):
-        name = f"RevNet-{key.removeprefix('revnet')}"
-    else:
-        name = f"a custom RevNet (derived from {preset})" if preset else "a custom RevNet"
-    description = (
-        f"{layout['block_type']} blocks in layers of {'/'.join(str(d) for d in layout['depths'])} "
-        f"({sum(layout['depths'])} blocks), widths {'/'.join(str(w) for w in layout['hidden_sizes'])} per stream"
-    )
-    if config is not None:
-        description += f", {config.stem} stem, {config.downsampling} downsampling"
-    return name, (f"{name} ({key}): {description}" if name.startswith("RevNet-") else description)
-
-
-def _input_text(spec: DatasetSpec | None) -> str:
-    if spec is None:
-        return "RGB images (see `preprocessor_config.json`)"
-    info = spec.info
-    mean = ", ".join(f"{m:.4g}" for m in info.mean)
-    std = ", ".join(f"{s:.4g}" for s in info.std)
-    return (
-        f"{info.num_channels}x{info.image_size}x{info.image_size} images, rescaled to [0, 1] and normalised with "
-        f"mean ({mean}) and std ({std})"
-    )
+def _unique(values) -> list:
+    seen = []
+    for value in values:
+        if value and value not in seen:
+            seen.append(value)
+    return seen
 
 
 def card_data_for(summary: TrainingSummary) -> ModelCardData:
-    """The YAML metadata of the card (``model-index`` only when the accuracy is known)."""
-    eval_results = None
-    if summary.eval_accuracy is not None:
-        spec = _known_spec(summary.dataset)
-        eval_results = [
-            EvalResult(
-                task_type="image-classification",
-                task_name="Image Classification",
-                dataset_type=summary.dataset_id or summary.dataset,
-                dataset_name=spec.title if spec is not None else summary.dataset,
-                dataset_split="test",
-                metric_type="accuracy",
-                metric_name="Accuracy",
-                metric_value=float(summary.eval_accuracy),
-            )
-        ]
+    """The YAML metadata of the card: ``model-index`` lists accuracy (first) and the other numeric metrics except
+    losses, and exists only when one of them is known."""
+    task = summary.tasks[0] if summary.tasks else DEFAULT_TASK
+    dataset_ids = _unique([summary.dataset_id, *summary.dataset_tags])
+    eval_results = [
+        EvalResult(
+            task_type=task,
+            task_name=task.replace("-", " ").title(),
+            dataset_type=dataset_ids[0] if dataset_ids else summary.dataset,
+            dataset_name=summary.title(),
+            dataset_config=summary.dataset_config,
+            dataset_split=summary.eval_split,
+            metric_type=name,
+            metric_name=words.metric_label(name),
+            metric_value=float(value),
+        )
+        for name, value in summary.metrics().items()
+        if not name.endswith("loss") and words.is_number(value)
+    ]
     return ModelCardData(
+        language=summary.language,
         license=summary.license,
         library_name="transformers",
-        tags=list(TAGS),
-        datasets=[summary.dataset_id] if summary.dataset_id else None,
-        metrics=["accuracy"] if eval_results else None,
-        pipeline_tag="image-classification",
+        tags=_unique([*TAGS, *summary.tags]),
+        datasets=dataset_ids or None,
+        metrics=[result.metric_type for result in eval_results] or None,
+        base_model=summary.base_model,
+        pipeline_tag=task,
         model_name=summary.model_name,
-        eval_results=eval_results,
+        eval_results=eval_results or None,
     )
 
 
-def _template_variables(summary: TrainingSummary, repo_id: str | None, config=None) -> dict[str, str | list]:
-    spec = _known_spec(summary.dataset)
+# --------------------------------------------------------------------------------------------------------------
+# body
+
+
+def _stored_stages_text(summary: TrainingSummary, config) -> str:
+    """Which stages keep their input whatever the mode (they are not reversible)."""
+    which = "The stem, the downsampling blocks and the head"
+    if config is not None and getattr(config, "downsampling", None) == "invertible":
+        which = "The stem and the head (the invertible downsampling blocks are reversible)"
+    if summary.buffered_stages is not None and summary.num_stages is not None:
+        which += f" ({summary.buffered_stages} of this run's {summary.num_stages} pipeline stages)"
+    return which
+
+
+def _template_variables(summary: TrainingSummary, repo_id: str | None, config=None) -> dict:
+    spec = summary.spec()
     mode = Mode.parse(summary.mode)
-    architecture_name, architecture = _architecture(summary.preset, config)
+    architecture_name, architecture = words.architecture(summary.preset, config)
+    label_names = summary.label_names
+    if label_names is None and config is not None and getattr(config, "id2label", None):
+        label_names = [config.id2label[i] for i in sorted(config.id2label)]
+    if label_names is None and spec is not None:
+        label_names = list(spec.info.label_names)
     num_labels = config.num_labels if config is not None else (spec.info.num_labels if spec is not None else None)
-    dataset_description = spec.description if spec is not None else summary.dataset
+    dataset_description = summary.dataset_title or (spec.description if spec is not None else summary.dataset)
+    dataset_ids = _unique([summary.dataset_id, *summary.dataset_tags])
     dataset_label = dataset_description
-    if summary.dataset_id:
-        dataset_label = f"{dataset_description} (`{summary.dataset_id}`)"
+    if dataset_ids or summary.dataset_config:
+        details = ", ".join(f"`{d}`" for d in dataset_ids)
+        if summary.dataset_config:
+            details += f"{', ' if details else ''}config `{summary.dataset_config}`"
+        dataset_label = f"{dataset_description} ({details})"
+    image_code, image_sentence = words.example_image(
+        spec, summary.dataset_id, summary.dataset_config, summary.image_column, summary.label_column,
+        summary.example_split,
+    )
+    header, rows = words.results_table(summary.results)
+    metrics = summary.metrics()
+    versions = summary.framework_versions if summary.framework_versions is not None else words.framework_versions()
+    base_model = summary.base_model
+    if base_model:
+        base_model = f"[{base_model}](https://huggingface.co/{base_model})" if words.is_hub_id(base_model) \
+            else f"`{base_model}`"
     return {
         "model_name": summary.model_name,
         "repo_id": repo_id or f"your-namespace/{summary.model_name}",
+        "base_model_link": base_model or "",
         "architecture_name": architecture_name,
         "architecture": architecture,
-        "num_parameters": _parameters_text(summary.num_parameters),
-        "input_description": _input_text(spec),
-        "num_labels": _text(num_labels),
+        "num_parameters": words.parameters_text(summary.num_parameters),
+        "input_description": words.input_text(spec, summary.image_size, summary.image_mean, summary.image_std),
+        "num_labels": words.labels_text(label_names, num_labels),
+        "task": summary.tasks[0] if summary.tasks else DEFAULT_TASK,
         "mode": mode.value,
         "mode_description": mode.description,
-        "num_stages": _text(summary.num_stages),
-        "accumulation_steps": _text(summary.accumulation_steps),
-        "num_processes": _text(summary.num_processes),
-        "epochs": _text(summary.epochs),
-        "micro_batch_size": _text(summary.micro_batch_size),
-        "learning_rate": _text(summary.learning_rate),
-        "hardware": _text(summary.hardware),
+        "mode_pipelined": mode.pipelined,
+        "mode_reconstructs": mode.reconstructs,
+        "mode_keeps_graph": mode.keeps_graph,
+        "stored_stages": _stored_stages_text(summary, config),
+        "num_stages": words.text(summary.num_stages),
+        "accumulation_steps": words.text(summary.accumulation_steps),
+        "num_processes": words.text(summary.num_processes),
+        "epochs": words.text(summary.epochs),
+        "global_steps": words.text(summary.global_steps),
+        "micro_batch_size": words.text(summary.micro_batch_size),
+        "learning_rate": words.text(summary.learning_rate),
+        "optimizer": words.text(summary.optimizer),
+        "lr_schedule": words.text(summary.lr_schedule),
+        "warmup_steps": words.text(summary.warmup_steps),
+        "weight_decay": words.text(summary.weight_decay),
+        "max_grad_norm": words.text(summary.max_grad_norm),
+        "label_smoothing": words.text(summary.label_smoothing),
+        "seed": words.text(summary.seed),
+        "hardware": words.text(summary.hardware),
         "dataset_label": dataset_label,
         "dataset_description": dataset_description,
-        "eval_split": "test split",
-        "eval_accuracy": _accuracy_text(summary.eval_accuracy),
-        "eval_loss": _loss_text(summary.eval_loss),
-        "extra_rows": [(str(key), _text(value)) for key, value in summary.extra.items()],
+        "dataset_is_digits": words.is_sklearn_digits(spec),
+        "eval_split": f"{summary.eval_split} split",
+        "eval_accuracy": words.accuracy_text(summary.eval_accuracy),
+        "eval_loss": words.loss_text(summary.eval_loss),
+        "metric_rows": [(words.metric_label(key), words.metric_text(key, value)) for key, value in metrics.items()
+                        if key not in ("accuracy", "loss")],
+        "has_metrics": bool(metrics),
+        "extra_rows": [(str(key), words.text(value)) for key, value in summary.extra.items()],
+        "results_header": header,
+        "results_rows": rows,
+        "example_image_code": image_code,
+        "example_image_sentence": image_sentence,
+        "framework_versions": list(versions.items()),
     }
 
 
@@ -253,8 +324,9 @@ def render_model_card(
 ) -> ModelCard:
     """Fill the card template with `summary`.
 
-    `repo_id` goes into the loading snippets (default "your-namespace/<model_name>"); `config` (the model's
-    RevNetConfig) makes the architecture line and the class count exact instead of read from the preset.
+    `repo_id` (a Hub id or a local folder) goes into the loading snippets (default "your-namespace/<model_name>");
+    `config` (the model's RevNetConfig) makes the architecture line, the class names and count exact instead of
+    read from the preset and the registry.
     """
     summary.validate()
     path = Path(template_path) if template_path is not None else default_template_path()
