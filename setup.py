@@ -26,4 +26,5 @@ setup(
         "pillow",
     ],
     extras_require={"test": ["pytest>=8"]},
+    entry_points={"console_scripts": ["petra-train=petra_hub.training.recipe:main"]},
 )

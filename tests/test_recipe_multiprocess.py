@@ -1,4 +1,4 @@
-"""The recipe under `accelerate launch` with 2 CPU processes (gloo), end to end."""
+"""The recipe under `accelerate launch` with 2 and 3 CPU processes (gloo), end to end."""
 
 import json
 import os
@@ -11,25 +11,34 @@ from huggingface_hub import ModelCard
 
 from petra_hub import RevNetForImageClassification
 from petra_hub.testing.ranks import free_port
+from petra_hub.training import recipe
+from tests.scripts.recipe_report import weights_digest
 
 ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "scripts" / "run_recipe.py"
+
+
+def launch(processes: int, argv: list[str], cwd: Path, **env) -> None:
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", str(ROOT / "accelerate_config.yaml"),
+        "--num_processes", str(processes), "--main_process_port", str(free_port()),
+        str(SCRIPT), *argv,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **env}
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
 def test_two_process_recipe_ends_with_a_loadable_checkpoint(tmp_path):
     out = tmp_path / "run"
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch",
-        "--config_file", str(ROOT / "accelerate_config.yaml"),
-        "--num_processes", "2", "--main_process_port", str(free_port()),
-        str(ROOT / "tests" / "scripts" / "run_recipe.py"),
+    argv = [
         "--output_dir", str(out), "--max_steps", "12", "--gradient_accumulation_steps", "2",
         "--max_train_samples", "256", "--max_eval_samples", "64", "--eval_strategy", "no",
         "--hidden_sizes", "8,8,16,16", "--embedding_size", "8", "--disable_tqdm", "true",
-        "--petra_timeout", "60",
+        "--petra_timeout", "60", "--seed", "3",
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    launch(2, argv, tmp_path)
 
     reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["world_size"] for r in reports] == [2, 2]
@@ -40,9 +49,26 @@ def test_two_process_recipe_ends_with_a_loadable_checkpoint(tmp_path):
     for key in ("eval_accuracy", "eval_loss"):  # evaluated on the last rank, shared with all
         assert reports[0]["metrics"][key] == reports[1]["metrics"][key]
 
+    # set_seed runs before the model is built: the same initial model on every rank, and as in one process.
+    alone = recipe.prepare(argv)  # the same arguments, built in this (single) process
+    assert reports[0]["initial_weights"] == reports[1]["initial_weights"] == weights_digest(alone.trainer.model)
+
+    for split in ("train", "eval", "all"):  # written once, by rank 0
+        assert (out / f"{split}_results.json").exists()
+    saved_eval = json.loads((out / "eval_results.json").read_text())
+    assert saved_eval["eval_accuracy"] == reports[0]["metrics"]["eval_accuracy"]
+
     loaded = RevNetForImageClassification.from_pretrained(out).eval()
     expected = torch.load(out / "expected_logits.pt")
     torch.testing.assert_close(loaded(expected["images"]).logits, expected["logits"], rtol=0, atol=1e-6)
     card = ModelCard.load(out / "README.md")
     assert card.data.eval_results[0].metric_value == reports[0]["metrics"]["eval_accuracy"]
     assert "2" in card.text
+
+
+def test_three_processes_build_the_same_initial_model(tmp_path):
+    out = tmp_path / "run"
+    argv = ["--output_dir", str(out), "--hidden_sizes", "8,8,16,16", "--embedding_size", "8", "--seed", "3"]
+    launch(3, argv, tmp_path, RECIPE_PREPARE_ONLY="1")
+    digests = {json.loads((out / f"rank{r}.json").read_text())["initial_weights"] for r in range(3)}
+    assert digests == {weights_digest(recipe.prepare(argv).trainer.model)}

@@ -1,16 +1,23 @@
-"""The paper's recipe files parse into the paper's hyper-parameters, and run where their data is present."""
+"""The recipe (`petra_hub.training.recipe`, run by `recipes/train_revnet.py` and `petra-train`) in one process: its
+arguments, the paper's config files, the data sources it accepts, fine-tuning, resuming, and the files it writes."""
 
+import json
+import os
 import runpy
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from petra_hub.testing.data_files import tar_folder as _tar, write_cifar10 as _write_cifar10
+from petra_hub.training import recipe
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPE = runpy.run_path(str(ROOT / "recipes" / "train_revnet.py"))
 CONFIGS = sorted((ROOT / "recipes" / "configs").glob("*.yaml"))
+TINY = ["--hidden_sizes", "4,8,8,8", "--embedding_size", "4", "--disable_tqdm", "true", "--logging_steps", "1"]
 
 PAPER = {  # (preset, mode, micro-batch, k, effective lr, weight decay, epochs, milestones)
     "cifar10_revnet18_petra": ("revnet18", "petra", 64, 2, 0.05, 5e-4, 300, [150, 225]),
@@ -22,13 +29,61 @@ PAPER = {  # (preset, mode, micro-batch, k, effective lr, weight decay, epochs, 
 }
 
 
+def digit_images(count: int, offset: int = 0):
+    """`count` scikit-learn digits as 16x16 RGB PIL images, with their labels."""
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = digits.images[offset: offset + count] / 16.0 * 255.0
+    pil = [Image.fromarray(image.astype(np.uint8), mode="L").resize((16, 16)).convert("RGB") for image in images]
+    return pil, [int(label) for label in digits.target[offset: offset + count]]
+
+
+NAMES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+
+
+def write_digits_dataset(folder: Path, train: int = 48, test: int = 24) -> Path:
+    """A `datasets` image/label set (ClassLabel names) saved with `save_to_disk`: train and test splits."""
+    import datasets
+
+    def split(count, offset):
+        images, labels = digit_images(count, offset)
+        data = datasets.Dataset.from_dict({"image": images, "label": labels})
+        return data.cast_column("image", datasets.Image()).cast_column("label", datasets.ClassLabel(names=NAMES))
+
+    datasets.DatasetDict(train=split(train, 0), test=split(test, 1000)).save_to_disk(str(folder))
+    return folder
+
+
+def write_image_folders(root: Path, count: int, offset: int) -> Path:
+    """An imagefolder tree: root/<label name>/<i>.png."""
+    images, labels = digit_images(count, offset)
+    for i, (image, label) in enumerate(zip(images, labels)):
+        (root / NAMES[label]).mkdir(parents=True, exist_ok=True)
+        image.save(root / NAMES[label] / f"{i}.png")
+    return root
+
+
+@pytest.fixture
+def datasets_cache(tmp_path, monkeypatch):
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+
+
+def results(folder: Path, split: str) -> dict:
+    return json.loads((folder / f"{split}_results.json").read_text())
+
+
+# -- the paper's config files ------------------------------------------------------------------------------------------
 def test_every_paper_recipe_is_there():
     assert sorted(c.stem for c in CONFIGS) == sorted(PAPER)
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
 def test_recipe_holds_the_paper_hyper_parameters(config, tmp_path):
-    model_args, data_args, args = RECIPE["parse"]([str(config), "--output_dir", str(tmp_path)])
+    model_args, data_args, args = recipe.parse([str(config), "--output_dir", str(tmp_path)])
     preset, mode, micro_batch, k, lr, weight_decay, epochs, milestones = PAPER[config.stem]
     assert (model_args.preset, args.petra_mode, args.per_device_train_batch_size) == (preset, mode, micro_batch)
     assert args.gradient_accumulation_steps == k and args.petra_scale_lr
@@ -44,7 +99,7 @@ def test_cifar10_recipe_runs_on_local_files(tmp_path):
     _write_cifar10(tmp_path / "data", np.random.default_rng(0))
     _tar(tmp_path / "data", "cifar-10-batches-py", "cifar-10-python.tar.gz")
     config = ROOT / "recipes" / "configs" / "cifar10_revnet18_petra.yaml"
-    trainer, metrics = RECIPE["run"]([
+    trainer, metrics = recipe.run([
         str(config), "--data_dir", str(tmp_path / "data"), "--output_dir", str(tmp_path / "out"),
         "--max_steps", "2", "--per_device_train_batch_size", "2", "--per_device_eval_batch_size", "2",
         "--hidden_sizes", "4,8,8,8", "--embedding_size", "4", "--dataloader_num_workers", "0",
@@ -53,3 +108,217 @@ def test_cifar10_recipe_runs_on_local_files(tmp_path):
     assert trainer.state.global_step == 2 and len(trainer.stages) == 10
     assert 0.0 <= metrics["eval_accuracy"] <= 1.0
     assert (tmp_path / "out" / "model.safetensors").exists()
+
+
+# -- arguments ---------------------------------------------------------------------------------------------------------
+def test_defaults_are_the_readme_main_job():
+    model_args, data_args, args = recipe.parse([])
+    assert (model_args.preset, model_args.hidden_sizes, model_args.embedding_size) == ("revnet18", "16,32,64,128", 16)
+    assert data_args.dataset == "digits" and args.output_dir == "outputs/revnet18-digits-petra"
+    assert (args.num_train_epochs, args.learning_rate, args.optim, args.optim_args) == (
+        12, 0.05, "sgd", "momentum=0.9,nesterov=True")
+    assert (args.lr_scheduler_type, args.warmup_steps, args.eval_strategy, args.save_strategy) == (
+        "cosine", 0.05, "epoch", "no")
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.weight_decay) == (32, 1, 5e-4)
+    assert args.do_train and args.do_eval and not args.do_predict and not args.remove_unused_columns
+    assert args.seed == 0 and args.petra_mode == "petra" and args.max_grad_norm == 0  # the paper clips nothing
+
+
+def test_help_shows_the_recipe_defaults(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        recipe.parse(["--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for flag, default in [("num_train_epochs", "12.0"), ("learning_rate", "0.05"),
+                          ("optim_args", "momentum=0.9,nesterov=True"),
+                          ("output_dir", "outputs/revnet18-digits-petra"), ("lr_scheduler_type", "cosine"),
+                          ("eval_strategy", "epoch"), ("warmup_steps", "0.05"), ("seed", "0"), ("dataset", "digits"),
+                          ("hidden_sizes", "16,32,64,128"), ("do_train", "True"), ("image_column_name", "image")]:
+        shown = text.split(f"--{flag} ", 1)[1].split("(default: ", 1)[1]  # the first default after the flag
+        assert shown.startswith(default + ")"), (flag, shown[:80])
+    assert "config.yaml" in text  # the usage line names the config file
+
+
+def test_unknown_or_misspelled_keys_are_errors_naming_them(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("learning_rate: 0.1\nnum_train_epoch: 3\n")
+    with pytest.raises(ValueError, match=r"num_train_epoch'.*did you mean 'num_train_epochs'"):
+        recipe.parse([str(config)])
+    (tmp_path / "run.json").write_text(json.dumps({"not_an_argument": 1}))
+    with pytest.raises(ValueError, match="not_an_argument"):
+        recipe.parse([str(tmp_path / "run.json")])
+    with pytest.raises(SystemExit):
+        recipe.parse(["--num_train_epoch", "3"])  # no abbreviations either
+    assert "--num_train_epoch" in capsys.readouterr().err
+
+
+def test_a_value_can_be_unset_with_null(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("hidden_sizes: null\nembedding_size: null\noptim_args: null\nweight_decay: 1e-4\n")
+    model_args, _, args = recipe.parse([str(config)])
+    assert (model_args.hidden_sizes, model_args.embedding_size, args.optim_args) == (None, None, None)
+    assert args.weight_decay == 1e-4  # YAML reads 1e-4 as a string; the recipe reads it as the field's type
+    data = type("Data", (), {"label_names": list("abc"), "image_size": 16})()
+    model = recipe.build_model(model_args, data)
+    assert model.config.hidden_sizes == [64, 128, 256, 512] and model.config.num_labels == 3  # the preset's widths
+
+
+@pytest.mark.parametrize("order", ["file_first", "flags_first"])
+def test_flags_override_the_file_in_any_order(tmp_path, order):
+    config = tmp_path / "run.yaml"
+    config.write_text("num_train_epochs: 3\nlearning_rate: 0.2\npreset: revnet34\n")
+    flags = ["--num_train_epochs", "1", "--preset", "revnet18"]
+    argv = [str(config), *flags] if order == "file_first" else [*flags, str(config)]
+    model_args, _, args = recipe.parse(argv)
+    assert (args.num_train_epochs, args.learning_rate, model_args.preset) == (1, 0.2, "revnet18")
+
+
+def test_a_flag_value_ending_in_json_is_not_the_config_file(tmp_path):
+    _, data_args, args = recipe.parse(["--dataset_name", "folder.json", "--output_dir", str(tmp_path / "a.yaml")])
+    assert data_args.dataset_name == "folder.json" and args.output_dir.endswith("a.yaml")
+
+
+def test_do_eval_false_also_turns_off_the_per_epoch_evaluation():
+    _, _, args = recipe.parse(["--do_eval", "false"])
+    assert not args.do_eval and args.eval_strategy == "no"
+
+
+def test_resume_from_checkpoint_values(tmp_path):
+    assert recipe.resolve_checkpoint(None, str(tmp_path)) is None
+    assert recipe.resolve_checkpoint(False, str(tmp_path)) is None
+    for value in (True, "true", "last", "LAST"):
+        with pytest.raises(ValueError, match="no checkpoint-N folder"):
+            recipe.resolve_checkpoint(value, str(tmp_path))
+    (tmp_path / "checkpoint-2").mkdir()
+    (tmp_path / "checkpoint-10").mkdir()
+    for value in (True, "true", "last"):
+        assert recipe.resolve_checkpoint(value, str(tmp_path)) == str(tmp_path / "checkpoint-10")
+    assert recipe.resolve_checkpoint(str(tmp_path / "checkpoint-2"), "elsewhere") == str(tmp_path / "checkpoint-2")
+
+
+# -- running -----------------------------------------------------------------------------------------------------------
+def test_the_same_seed_builds_the_same_model_whatever_ran_before(tmp_path):
+    argv = ["--output_dir", str(tmp_path), "--max_train_samples", "8", *TINY]
+    first = recipe.prepare(argv).trainer.model.state_dict()
+    torch.rand(100)  # the global RNG moved: set_seed runs right before the model is built
+    second = recipe.prepare(argv).trainer.model.state_dict()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_train_eval_predict_write_the_metrics_files_and_resume_last(tmp_path):
+    out = tmp_path / "out"
+    argv = ["--output_dir", str(out), "--max_train_samples", "64", "--max_eval_samples", "32", "--max_steps", "4",
+            "--per_device_train_batch_size", "8", "--save_strategy", "steps", "--save_steps", "2",
+            "--eval_strategy", "no", "--do_predict", *TINY]
+    with pytest.raises(ValueError, match="no checkpoint-N folder"):
+        recipe.run([*argv, "--resume_from_checkpoint", "last"])
+    trainer, metrics = recipe.run(argv)
+    assert trainer.state.global_step == 4 and (out / "checkpoint-2").is_dir() and (out / "checkpoint-4").is_dir()
+    assert results(out, "eval")["eval_accuracy"] == metrics["eval_accuracy"]
+    assert results(out, "train")["train_loss"] > 0 and "predict_accuracy" in results(out, "predict")
+    combined = results(out, "all")
+    assert {"train_loss", "eval_accuracy", "predict_accuracy"} <= set(combined)
+    assert len((out / "predict_results.txt").read_text().splitlines()) == 1 + 360  # header + the digits test split
+
+    resumed, _ = recipe.run([*argv, "--max_steps", "6", "--resume_from_checkpoint", "last", "--do_predict", "false"])
+    assert resumed.state.global_step == 6 and (out / "checkpoint-6").is_dir()
+    steps = [entry["step"] for entry in resumed.state.log_history]
+    assert min(steps) <= 4 < max(steps)  # the history of the first run, continued from checkpoint-4
+    with pytest.raises(FileNotFoundError, match="no checkpoint folder"):
+        recipe.prepare([*argv, "--resume_from_checkpoint", str(tmp_path / "missing")])
+
+
+def test_a_datasets_image_label_set_from_a_local_folder(tmp_path, datasets_cache):
+    folder = write_digits_dataset(tmp_path / "digits-hf")
+    out = tmp_path / "out"
+    trainer, metrics = recipe.run(["--dataset_name", str(folder), "--output_dir", str(out), "--num_train_epochs", "1",
+                                   "--per_device_train_batch_size", "8", "--do_predict", *TINY])
+    assert trainer.model.config.id2label == dict(enumerate(NAMES))
+    assert trainer.state.global_step == 6 and 0.0 <= metrics["eval_accuracy"] <= 1.0  # 48 / 8 micro-batches
+    assert len(trainer.eval_dataset) == 24 and results(out, "predict")["predict_accuracy"] == metrics["eval_accuracy"]
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["id2label"]["3"] == "three"
+    processor = json.loads((out / "preprocessor_config.json").read_text())
+    assert processor["size"] == {"height": 16, "width": 16}
+
+
+def test_a_datasets_set_without_a_validation_split_is_split_with_the_seed(tmp_path, datasets_cache):
+    import datasets
+
+    from petra_hub.training.recipe_data import DataArguments, load_data
+
+    images, labels = digit_images(40)
+    datasets.Dataset.from_dict({"img": images, "fine_label": labels}).cast_column(
+        "fine_label", datasets.ClassLabel(names=NAMES)).save_to_disk(str(tmp_path / "one"))
+    args = DataArguments(dataset_name=str(tmp_path / "one"), train_val_split=0.25, image_size=12)
+    first, second = (load_data(args, seed=3, splits={"train", "eval"}) for _ in range(2))
+    assert (len(first.train), len(first.eval)) == (30, 10)  # columns found by their usual names
+    assert first.eval[:]["fine_label"] == second.eval[:]["fine_label"]
+    batch = first.collator([first.train[0], first.train[1]])
+    assert batch["pixel_values"].shape == (2, 3, 12, 12) and batch["labels"].dtype == torch.int64
+    with pytest.raises(ValueError, match="--label_column_name 'digit' is not a column"):
+        load_data(DataArguments(dataset_name=str(tmp_path / "one"), label_column_name="digit"), seed=0,
+                  splits={"train"})
+
+
+def test_train_dir_and_validation_dir_image_folders(tmp_path, datasets_cache):
+    train = write_image_folders(tmp_path / "train", 40, 0)
+    validation = write_image_folders(tmp_path / "val", 20, 1000)
+    out = tmp_path / "out"
+    trainer, metrics = recipe.run(["--train_dir", str(train), "--validation_dir", str(validation),
+                                   "--output_dir", str(out), "--max_steps", "2", "--eval_strategy", "no", *TINY])
+    assert sorted(trainer.model.config.id2label.values()) == sorted(NAMES)
+    assert trainer.state.global_step == 2 and len(trainer.eval_dataset) == 20
+    assert results(out, "eval")["eval_accuracy"] == metrics["eval_accuracy"]
+
+
+def test_model_name_or_path_fine_tunes_a_saved_revnet(tmp_path, datasets_cache):
+    from transformers import ResNetConfig
+
+    from petra_hub import RevNetConfig, RevNetForImageClassification
+    from petra_hub.data import image_processor_for, load_image_dataset
+
+    saved = tmp_path / "saved"
+    config = RevNetConfig.from_preset("revnet18", stem="cifar", num_labels=10, hidden_sizes=[4, 8, 8, 8],
+                                      embedding_size=4)
+    model = RevNetForImageClassification(config)
+    model.save_pretrained(saved)
+    image_processor_for(load_image_dataset("digits", "test").info).save_pretrained(saved)
+
+    common = ["--model_name_or_path", str(saved), "--max_eval_samples", "64", "--disable_tqdm", "true"]
+    trainer, metrics = recipe.run([*common, "--output_dir", str(tmp_path / "eval"), "--do_train", "false"])
+    for key, value in model.state_dict().items():  # evaluated the saved weights, trained nothing, saved nothing
+        torch.testing.assert_close(trainer.model.state_dict()[key], value, rtol=0, atol=0)
+    assert not (tmp_path / "eval" / "train_results.json").exists() and "eval_accuracy" in metrics
+
+    tuned, _ = recipe.run([*common, "--output_dir", str(tmp_path / "tuned"), "--max_steps", "2",
+                           "--max_train_samples", "32", "--eval_strategy", "no"])
+    assert tuned.state.global_step == 2 and tuned.model.config.hidden_sizes == [4, 8, 8, 8]
+    assert RevNetForImageClassification.from_pretrained(tmp_path / "tuned").config.embedding_size == 4
+
+    five = write_image_folders(tmp_path / "five", 5, 0)  # digits 0-4: 5 labels
+    with pytest.raises(ValueError, match="pass --ignore_mismatched_sizes"):
+        recipe.prepare(["--model_name_or_path", str(saved), "--train_dir", str(five), "--output_dir", str(tmp_path)])
+    new_head = recipe.prepare(["--model_name_or_path", str(saved), "--train_dir", str(five), "--output_dir",
+                               str(tmp_path), "--ignore_mismatched_sizes", "--train_val_split", "0.4"])
+    assert new_head.trainer.model.config.num_labels == 5 and new_head.data.image_size == 16  # the processor's size
+    ResNetConfig().save_pretrained(tmp_path / "resnet")
+    with pytest.raises(ValueError, match="holds a 'resnet' model"):
+        recipe.prepare(["--model_name_or_path", str(tmp_path / "resnet")])
+
+
+def test_recipes_script_is_a_thin_wrapper():
+    text = (ROOT / "recipes" / "train_revnet.py").read_text()
+    assert "from petra_hub.training.recipe import main" in text and len(text.splitlines()) < 20
+    script = runpy.run_path(str(ROOT / "recipes" / "train_revnet.py"))  # as benchmarks/accuracy_digits.py loads it
+    assert script["run"] is recipe.run and script["parse"] is recipe.parse
+
+
+def test_console_script_petra_train(tmp_path):
+    command = shutil.which("petra-train")
+    if command is None:
+        pytest.skip("petra-train is not on PATH (pip install -e . installs it)")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([command, "--help"], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("usage: petra-train") and "outputs/revnet18-digits-petra" in result.stdout

@@ -1,0 +1,339 @@
+"""The training recipe behind `recipes/train_revnet.py` and the `petra-train` command.
+
+    OMP_NUM_THREADS=1 accelerate launch --config_file accelerate_config.yaml recipes/train_revnet.py \
+        [config.yaml] [--flag value ...]
+
+With no arguments: a small RevNet18 (widths 16,32,64,128, embedding 16) on the embedded digits data, PETRA across
+the launched processes, 12 epochs, evaluation every epoch, then a Hub-ready folder in
+`outputs/revnet18-digits-petra`. It follows transformers' `run_image_classification.py`: `--dataset_name`,
+`--train_dir` / `--validation_dir`, `--model_name_or_path`, `do_train` / `do_eval` / `do_predict`,
+`--resume_from_checkpoint`, and `train_results.json` / `eval_results.json` / `all_results.json` in `output_dir`.
+
+Arguments: the fields of `ModelArguments`, `DataArguments` and `RecipeTrainingArguments` (whose defaults are the
+recipe's, so `--help` shows them). One YAML or JSON file, anywhere on the command line, is read with
+`HfArgumentParser.parse_dict`; flags given on the command line override it; `null` in the file unsets a value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import sys
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+import yaml
+from transformers import HfArgumentParser, set_seed
+from transformers.hf_argparser import string_to_bool
+from transformers.trainer_utils import IntervalStrategy, SaveStrategy, SchedulerType, get_last_checkpoint
+from transformers.training_args import OptimizerNames
+
+from ..models.revnet import PRESETS, RevNetConfig, RevNetForImageClassification
+from .arguments import PetraTrainingArguments
+from .recipe_data import DataArguments, RecipeData, load_data
+from .trainer import PetraTrainer
+
+__all__ = [
+    "DataArguments",
+    "ModelArguments",
+    "RecipeTrainingArguments",
+    "build_parser",
+    "main",
+    "parse",
+    "prepare",
+    "resolve_checkpoint",
+    "run",
+]
+
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+@dataclass
+class ModelArguments:
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "A saved RevNet folder (or Hub id) to fine-tune; default: a new model from --preset."},
+    )
+    ignore_mismatched_sizes: bool = field(
+        default=False, metadata={"help": "Fine-tuning: a new classification head when the number of labels differs."}
+    )
+    preset: str = field(default="revnet18", metadata={"help": "A new model: " + ", ".join(PRESETS)})
+    stem: str | None = field(default=None, metadata={"help": "cifar or imagenet; default: imagenet from 128 pixels"})
+    downsampling: str = field(default="buffered", metadata={"help": "buffered (the paper) or invertible"})
+    hidden_sizes: str | None = field(
+        default="16,32,64,128", metadata={"help": "Per-stream widths; 'paper' or null for the preset's."}
+    )
+    embedding_size: int | None = field(
+        default=16, metadata={"help": "Stem width per stream; 0 or null for the preset's."}
+    )
+
+
+def _recipe_default(name: str, value):
+    """TrainingArguments' field `name` (help text included) with the recipe's default."""
+    return field(default=value, metadata=dict(PetraTrainingArguments.__dataclass_fields__[name].metadata))
+
+
+@dataclass
+class RecipeTrainingArguments(PetraTrainingArguments):
+    """`PetraTrainingArguments` with the recipe's defaults (the README's main job)."""
+
+    output_dir: str | None = _recipe_default("output_dir", "outputs/revnet18-digits-petra")
+    do_train: bool = _recipe_default("do_train", True)
+    do_eval: bool = _recipe_default("do_eval", True)
+    eval_strategy: IntervalStrategy | str = _recipe_default("eval_strategy", "epoch")
+    per_device_train_batch_size: int = _recipe_default("per_device_train_batch_size", 32)
+    per_device_eval_batch_size: int = _recipe_default("per_device_eval_batch_size", 128)
+    learning_rate: float = _recipe_default("learning_rate", 0.05)
+    weight_decay: float = _recipe_default("weight_decay", 5e-4)
+    max_grad_norm: float = _recipe_default("max_grad_norm", 0.0)  # no clipping, as in the paper
+    num_train_epochs: float = _recipe_default("num_train_epochs", 12.0)
+    lr_scheduler_type: SchedulerType | str = _recipe_default("lr_scheduler_type", "cosine")
+    warmup_steps: float = _recipe_default("warmup_steps", 0.05)
+    logging_steps: float = _recipe_default("logging_steps", 10)
+    save_strategy: SaveStrategy | str = _recipe_default("save_strategy", "no")
+    seed: int = _recipe_default("seed", 0)
+    optim: OptimizerNames | str = _recipe_default("optim", "sgd")
+    optim_args: str | None = _recipe_default("optim_args", "momentum=0.9,nesterov=True")
+    remove_unused_columns: bool = _recipe_default("remove_unused_columns", False)  # transforms need the image column
+
+
+# -- arguments ---------------------------------------------------------------------------------------------------------
+def build_parser() -> HfArgumentParser:
+    return HfArgumentParser(
+        (ModelArguments, DataArguments, RecipeTrainingArguments),
+        usage="%(prog)s [config.yaml | config.json] [--flag value ...]",
+        description="Train a RevNet with PETRA (petra_hub's recipe). A YAML/JSON file of flags may stand anywhere "
+                    "on the command line; flags given on the command line override it.",
+        allow_abbrev=False,
+    )
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+_UNSET = _Unset()
+
+
+def _field_names(parser: HfArgumentParser) -> list[str]:
+    return [f.name for dtype in parser.dataclass_types for f in fields(dtype) if f.init]
+
+
+def _split_config_file(parser: HfArgumentParser, argv: list[str]) -> tuple[str | None, list[str]]:
+    """The config file (a .yaml/.yml/.json argument that is no flag's value) and the other arguments."""
+    found, rest = [], []
+    for i, token in enumerate(argv):
+        previous = parser._option_string_actions.get(argv[i - 1]) if i else None  # argparse's option table
+        is_value = previous is not None and previous.nargs is None and "=" not in argv[i - 1]
+        if token.lower().endswith(CONFIG_SUFFIXES) and not token.startswith("-") and not is_value:
+            found.append(token)
+        else:
+            rest.append(token)
+    if len(found) > 1:
+        raise ValueError(f"one config file at most, got {found}")
+    return (found[0] if found else None), rest
+
+
+def _read_config_file(parser: HfArgumentParser, path: str) -> dict:
+    with open(path, encoding="utf-8") as handle:
+        values = json.load(handle) if path.lower().endswith(".json") else yaml.safe_load(handle)
+    values = {} if values is None else values
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: expected a mapping of argument names to values, got {type(values).__name__}")
+    known = _field_names(parser)
+    unknown = [key for key in values if key not in known]
+    if unknown:
+        hints = [f"{key!r} (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(str(key), known, 1))
+                 else repr(key) for key in unknown]
+        raise ValueError(f"{path}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
+                         f"see --help for the arguments")
+    for key, value in values.items():  # YAML reads 5e-4 as a string, and 5,5 may come as a number
+        action = parser._option_string_actions[f"--{key}"]
+        try:
+            if isinstance(value, str) and action.type in (int, float, string_to_bool):
+                values[key] = action.type(value)
+            elif isinstance(value, (int, float)) and not isinstance(value, bool) and action.type is str:
+                values[key] = str(value)
+        except (TypeError, ValueError, argparse.ArgumentTypeError) as error:
+            raise ValueError(f"{path}: {key}: {value!r} is not a valid {action.type.__name__} ({error})") from None
+    return values
+
+
+def parse(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, RecipeTrainingArguments]:
+    """(model, data, training) arguments from the defaults, a config file, then command-line flags."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    config_file, flags = _split_config_file(parser, argv)
+    values = _read_config_file(parser, config_file) if config_file else {}
+    given = argparse.Namespace(**{name: _UNSET for name in _field_names(parser)})
+    parser.parse_args(flags, namespace=given)  # only the flags present replace _UNSET
+    values.update({key: value for key, value in vars(given).items() if value is not _UNSET})
+    if values.get("do_eval") is False and "eval_strategy" not in values:
+        values["eval_strategy"] = "no"  # turning evaluation off turns off the recipe's default per-epoch evaluation
+    return parser.parse_dict(values)
+
+
+def resolve_checkpoint(value, output_dir: str) -> str | None:
+    """`resume_from_checkpoint`: a checkpoint folder, or `true` / `last` for the last `checkpoint-N` of
+    `output_dir`; None (or false) to start afresh."""
+    if value is None or value is False or str(value).strip().lower() in ("", "false", "none", "no"):
+        return None
+    if value is True or str(value).strip().lower() in ("true", "last", "yes"):
+        last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+        if last is None:
+            raise ValueError(f"resume_from_checkpoint={value!r}: there is no checkpoint-N folder in {output_dir!r} "
+                             "to resume from (save_strategy 'no' saves none)")
+        return last
+    if not os.path.isdir(value):
+        raise FileNotFoundError(f"resume_from_checkpoint: no checkpoint folder at {value!r}")
+    return str(value)
+
+
+# -- model ------------------------------------------------------------------------------------------------------------
+def _label_maps(label_names: list[str]) -> dict:
+    id2label = dict(enumerate(label_names))
+    return {"num_labels": len(label_names), "id2label": id2label, "label2id": {n: i for i, n in id2label.items()}}
+
+
+def pretrained_config(model_args: ModelArguments):
+    """The configuration of `--model_name_or_path`; a ValueError unless it is a RevNet."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_args.model_name_or_path)
+    if getattr(config, "model_type", None) != "revnet":
+        raise ValueError(
+            f"--model_name_or_path {model_args.model_name_or_path!r} holds a {getattr(config, 'model_type', '?')!r} "
+            "model; PETRA trains reversible networks: give a RevNet folder (model_type 'revnet'), or leave it unset "
+            "and pick --preset"
+        )
+    return config
+
+
+def build_model(model_args: ModelArguments, data: RecipeData) -> RevNetForImageClassification:
+    """A new RevNet from the preset (stem from the image size), or the pretrained one with the data's labels."""
+    labels = _label_maps(data.label_names)
+    if model_args.model_name_or_path:
+        config = pretrained_config(model_args)
+        if config.num_labels != labels["num_labels"] and not model_args.ignore_mismatched_sizes:
+            raise ValueError(
+                f"{model_args.model_name_or_path!r} classifies {config.num_labels} labels, the data has "
+                f"{labels['num_labels']}: pass --ignore_mismatched_sizes to train a new classification head"
+            )
+        return RevNetForImageClassification.from_pretrained(
+            model_args.model_name_or_path, ignore_mismatched_sizes=model_args.ignore_mismatched_sizes, **labels
+        )
+    overrides = {"downsampling": model_args.downsampling,
+                 "stem": model_args.stem or ("imagenet" if data.image_size >= 128 else "cifar")}
+    if model_args.hidden_sizes and model_args.hidden_sizes != "paper":
+        overrides["hidden_sizes"] = [int(width) for width in str(model_args.hidden_sizes).split(",")]
+    if model_args.embedding_size:
+        overrides["embedding_size"] = model_args.embedding_size
+    config = RevNetConfig.from_preset(model_args.preset, **overrides)
+    for key, value in labels.items():
+        setattr(config, key, value)
+    return RevNetForImageClassification(config)
+
+
+def accuracy(prediction) -> dict[str, float]:
+    return {"accuracy": float((np.argmax(prediction.predictions, axis=-1) == prediction.label_ids).mean())}
+
+
+# -- the run ----------------------------------------------------------------------------------------------------------
+@dataclass
+class Recipe:
+    """A prepared run: arguments, data and the trainer (model built, nothing trained yet)."""
+
+    model_args: ModelArguments
+    data_args: DataArguments
+    training_args: RecipeTrainingArguments
+    data: RecipeData
+    trainer: PetraTrainer
+    checkpoint: str | None
+
+
+def prepare(argv: list[str] | None = None) -> Recipe:
+    model_args, data_args, args = parse(argv)
+    splits = {name for name, wanted in (("train", args.do_train), ("eval", args.do_eval),
+                                        ("test", args.do_predict)) if wanted}
+    if not splits:
+        raise ValueError("nothing to do: do_train, do_eval and do_predict are all false")
+    checkpoint = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir) if args.do_train else None
+    processor = None
+    if model_args.model_name_or_path:
+        pretrained_config(model_args)  # refuse a non-RevNet before reading any data
+        processor = _pretrained_processor(model_args.model_name_or_path)
+    with args.main_process_first(desc="loading the data set"):  # `datasets` caches on the first rank first
+        data = load_data(data_args, seed=args.seed, splits=splits, processor=processor)
+    set_seed(args.seed)  # immediately before the model: the same initial weights on every rank, for any world size
+    model = build_model(model_args, data)
+    trainer = PetraTrainer(
+        model=model,
+        args=args,
+        train_dataset=data.train,
+        eval_dataset=data.eval,
+        data_collator=data.collator,
+        processing_class=data.processor,
+        compute_metrics=accuracy,
+    )
+    return Recipe(model_args, data_args, args, data, trainer, checkpoint)
+
+
+def _pretrained_processor(path: str):
+    from transformers import AutoImageProcessor
+
+    try:
+        return AutoImageProcessor.from_pretrained(path)
+    except (OSError, ValueError):  # a folder without preprocessor_config.json: the data's own processor
+        return None
+
+
+def execute(recipe: Recipe) -> dict[str, float]:
+    """Train, evaluate, predict as asked; write the metrics files; returns the evaluation metrics ({} without)."""
+    trainer, args = recipe.trainer, recipe.training_args
+    metrics: dict[str, float] = {}
+    if args.do_train:
+        result = trainer.train(resume_from_checkpoint=recipe.checkpoint)
+        trainer.log_metrics("train", result.metrics)
+        trainer.save_metrics("train", result.metrics)
+        trainer.save_state()
+    if args.do_eval:
+        metrics = trainer.evaluate()
+        trainer.log_metrics("eval", metrics)
+        trainer.save_metrics("eval", metrics)
+    if args.do_train:
+        trainer.save_model()  # after the evaluation: the model card reports it
+    if args.do_predict:
+        output = trainer.predict(recipe.data.test, metric_key_prefix="predict")
+        trainer.log_metrics("predict", output.metrics)
+        trainer.save_metrics("predict", output.metrics)
+        if trainer.is_world_process_zero() and output.predictions is not None:
+            names = recipe.data.label_names
+            lines = [f"{i}\t{names[p]}" for i, p in enumerate(np.argmax(output.predictions, axis=-1))]
+            os.makedirs(args.output_dir, exist_ok=True)
+            with open(os.path.join(args.output_dir, "predict_results.txt"), "w", encoding="utf-8") as handle:
+                handle.write("index\tprediction\n" + "\n".join(lines) + "\n")
+    if args.do_train and args.push_to_hub:
+        trainer.push_to_hub()
+    if trainer.is_world_process_zero() and "eval_accuracy" in metrics:
+        saved = f"; model saved to {args.output_dir}" if args.do_train else ""
+        print(f"final test accuracy {metrics['eval_accuracy']:.4f}{saved}")
+    return metrics
+
+
+def run(argv: list[str] | None = None) -> tuple[PetraTrainer, dict[str, float]]:
+    """Prepare and execute the recipe; returns the trainer and the final evaluation metrics."""
+    recipe = prepare(argv)
+    return recipe.trainer, execute(recipe)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`petra-train` and `recipes/train_revnet.py`."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    run(argv)
+
+
+if __name__ == "__main__":
+    main()

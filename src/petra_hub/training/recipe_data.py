@@ -1,0 +1,272 @@
+"""The recipe's data: a built-in set of `petra_hub.data` by name, or any `datasets` image-classification set.
+
+Built-in sets (`--dataset digits|cifar10|...`, and `--dataset_name` naming a built-in set's Hub id) keep the
+registry's recipe: the paper's transforms, its statistics, items `{"pixel_values", "labels"}`. Any other set
+(`--dataset_name` a Hub id or a local folder, or `--train_dir` / `--validation_dir` image folders) follows
+transformers' `run_image_classification.py`: torchvision transforms applied lazily with `with_transform`
+(RandomResizedCrop + flip for training, resize + centre crop for evaluation, normalised with the image processor's
+mean and std), a collator that builds `pixel_values` and `labels`, label names from the `ClassLabel` feature.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..data import (
+    DATASET_SPECS,
+    DatasetInfo,
+    collate_image_batch,
+    dataset_spec,
+    image_processor_for,
+    load_image_dataset,
+    take,
+)
+
+__all__ = [
+    "ApplyTransform",
+    "DataArguments",
+    "ImageClassificationCollator",
+    "RecipeData",
+    "image_transforms",
+    "load_data",
+]
+
+IMAGE_COLUMNS = ("image", "img")  # tried, in order, when --image_column_name is left at its default and is absent
+LABEL_COLUMNS = ("label", "labels", "fine_label")
+EVAL_SPLITS = ("validation", "val", "valid", "test")
+
+
+@dataclass
+class DataArguments:
+    dataset: str = field(
+        default="digits",
+        metadata={"help": "A built-in data set: "
+                          + "; ".join(f"{name}: {spec.description}" for name, spec in DATASET_SPECS.items())},
+    )
+    data_dir: str | None = field(default=None, metadata={"help": "Local files of the built-in --dataset."})
+    hub_id: str | None = field(
+        default=None, metadata={"help": "A Hub copy of the built-in --dataset instead of local files."}
+    )
+    dataset_name: str | None = field(
+        default=None,
+        metadata={"help": "Any `datasets` image-classification set instead of --dataset: a Hub id or a local folder "
+                          "(save_to_disk output or data files)."},
+    )
+    dataset_config_name: str | None = field(default=None, metadata={"help": "The configuration of --dataset_name."})
+    train_dir: str | None = field(
+        default=None, metadata={"help": "A folder of class sub-folders (imagefolder) to train on."}
+    )
+    validation_dir: str | None = field(default=None, metadata={"help": "A folder of class sub-folders to evaluate on."})
+    train_val_split: float | None = field(
+        default=0.15,
+        metadata={"help": "Fraction of the train split held out for evaluation when there is no validation split."},
+    )
+    image_column_name: str = field(default="image", metadata={"help": "The image column of a `datasets` set."})
+    label_column_name: str = field(default="label", metadata={"help": "The label column of a `datasets` set."})
+    image_size: int | None = field(
+        default=None,
+        metadata={"help": "Side of the images the model sees (`datasets` sets); default: the image processor's with "
+                          "--model_name_or_path, else the shorter side of the first training image."},
+    )
+    max_train_samples: int | None = field(default=None, metadata={"help": "Use only N training images."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Use only the first N evaluation images."})
+    max_predict_samples: int | None = field(
+        default=None, metadata={"help": "Use only the first N test images for predict."}
+    )
+
+    def __post_init__(self):
+        if self.dataset_name and (self.train_dir or self.validation_dir):
+            raise ValueError("give --dataset_name or --train_dir/--validation_dir, not both")
+        if self.uses_datasets and (self.data_dir or self.hub_id):
+            raise ValueError("--data_dir and --hub_id belong to a built-in --dataset; with --dataset_name or "
+                             "--train_dir/--validation_dir leave them unset")
+        if self.train_val_split is not None and not 0.0 <= self.train_val_split < 1.0:
+            raise ValueError(f"train_val_split must lie in [0, 1), got {self.train_val_split}")
+        if not self.uses_datasets:
+            dataset_spec(self.dataset)  # an unknown name is an error naming the known ones
+
+    @property
+    def uses_datasets(self) -> bool:
+        """True for a set read through `datasets` with the generic transforms (not a built-in name)."""
+        return bool(self.train_dir or self.validation_dir) or bool(self.dataset_name and not self.builtin_for_hub_id)
+
+    @property
+    def builtin_for_hub_id(self) -> str | None:
+        """The built-in set whose default Hub id is --dataset_name (its registry recipe applies), if any."""
+        matches = [name for name, spec in DATASET_SPECS.items() if spec.hub_id and spec.hub_id == self.dataset_name]
+        return matches[0] if matches else None
+
+
+@dataclass
+class RecipeData:
+    """What the trainer needs: data sets (None where not asked for), labels, collator and image processor."""
+
+    train: Any
+    eval: Any
+    test: Any
+    label_names: list[str]
+    image_size: int
+    collator: Callable
+    processor: Any
+    name: str
+
+
+@dataclass
+class ApplyTransform:
+    """`dataset.with_transform(ApplyTransform(transform, "image"))`: adds `pixel_values` to each batch."""
+
+    transform: Callable
+    image_column: str
+
+    def __call__(self, batch: dict) -> dict:
+        batch["pixel_values"] = [self.transform(image.convert("RGB")) for image in batch[self.image_column]]
+        return batch
+
+
+@dataclass
+class ImageClassificationCollator:
+    """The standard collator of image classification: `pixel_values` stacked, `labels` from the label column."""
+
+    label_column: str = "label"
+
+    def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
+        return {
+            "pixel_values": torch.stack([example["pixel_values"] for example in examples]),
+            "labels": torch.tensor([example[self.label_column] for example in examples], dtype=torch.int64),
+        }
+
+
+def image_transforms(size: int, mean, std) -> tuple[Callable, Callable]:
+    """(train, eval) torchvision transforms from PIL images to normalised float tensors [3, size, size]."""
+    from torchvision.transforms import v2
+
+    to_tensor = [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean=list(mean), std=list(std)),
+                 v2.ToPureTensor()]
+    train = v2.Compose([v2.RandomResizedCrop(size), v2.RandomHorizontalFlip(), *to_tensor])
+    evaluate = v2.Compose([v2.Resize(size), v2.CenterCrop(size), *to_tensor])
+    return train, evaluate
+
+
+def load_data(args: DataArguments, *, seed: int, splits: set[str], processor=None) -> RecipeData:
+    """The data sets named in `splits` ("train", "eval", "test"); `processor` is a pretrained model's image
+    processor (its size, mean and std serve a `datasets` set), or None."""
+    if args.uses_datasets:
+        return _load_datasets(args, seed, splits, processor)
+    return _load_builtin(args, seed, splits)
+
+
+def _load_builtin(args: DataArguments, seed: int, splits: set[str]) -> RecipeData:
+    name = args.builtin_for_hub_id or args.dataset
+    spec = dataset_spec(name)
+    source = {} if spec.reader.embedded else {"data_dir": args.data_dir, "hub_id": args.hub_id or args.dataset_name}
+    train = load_image_dataset(name, "train", seed=seed, **source) if "train" in splits else None
+    test = load_image_dataset(name, "test", **source) if splits & {"eval", "test"} else None
+    info: DatasetInfo = (train or test).info
+    return RecipeData(
+        train=take(train, args.max_train_samples) if train is not None else None,
+        eval=take(test, args.max_eval_samples) if "eval" in splits else None,
+        test=take(test, args.max_predict_samples) if "test" in splits else None,
+        label_names=list(info.label_names),
+        image_size=info.image_size,
+        collator=collate_image_batch,
+        processor=image_processor_for(info),
+        name=name,
+    )
+
+
+def _open(args: DataArguments):
+    import datasets
+
+    if args.dataset_name:
+        path = os.path.expanduser(args.dataset_name)
+        if os.path.isfile(os.path.join(path, "dataset_dict.json")) or os.path.isfile(os.path.join(path, "state.json")):
+            loaded = datasets.load_from_disk(path)  # save_to_disk output: a DatasetDict or one Dataset (train)
+            return loaded if isinstance(loaded, datasets.DatasetDict) else datasets.DatasetDict(train=loaded)
+        return datasets.load_dataset(args.dataset_name, args.dataset_config_name)
+    files = {split: os.path.join(folder, "**") for split, folder in (("train", args.train_dir),
+                                                                      ("validation", args.validation_dir)) if folder}
+    return datasets.load_dataset("imagefolder", data_files=files)
+
+
+def _column(features, wanted: str, default: str, fallbacks: tuple[str, ...], kind, what: str) -> str:
+    if wanted in features:
+        return wanted
+    if wanted == default:  # left at its default: try the usual names, then the first feature of the right kind
+        found = next((c for c in fallbacks if c in features), None) or next(
+            (c for c, f in features.items() if isinstance(f, kind)), None)
+        if found:
+            return found
+    raise ValueError(f"--{what}_column_name {wanted!r} is not a column of the data set "
+                     f"(columns: {', '.join(features)}); pass --{what}_column_name")
+
+
+def _load_datasets(args: DataArguments, seed: int, splits: set[str], processor) -> RecipeData:
+    import datasets
+
+    data = _open(args)
+    eval_split = next((s for s in EVAL_SPLITS if s in data), None)
+    if eval_split is None and "train" in data and args.train_val_split and splits & {"eval", "test"}:
+        parts = data["train"].train_test_split(test_size=args.train_val_split, seed=seed)  # seeded: same on every rank
+        data["train"], data["validation"], eval_split = parts["train"], parts["test"], "validation"
+    names = {"train": "train" if "train" in data else None, "eval": eval_split,
+             "test": "test" if "test" in data else eval_split}
+    for split in sorted(splits):
+        if names[split] is None:
+            raise ValueError(f"{args.dataset_name or args.train_dir or args.validation_dir}: no split for {split} "
+                             f"among {list(data)} (train_val_split={args.train_val_split})")
+    reference = data[names["train"] or eval_split or next(iter(data))]
+    image_column = _column(reference.features, args.image_column_name, "image", IMAGE_COLUMNS, datasets.Image, "image")
+    label_column = _column(reference.features, args.label_column_name, "label", LABEL_COLUMNS, datasets.ClassLabel,
+                           "label")
+    feature = reference.features[label_column]
+    if isinstance(feature, datasets.ClassLabel):
+        label_names = list(feature.names)
+    else:  # plain integers (names "0".."n-1") or strings (sorted, then encoded the same way in every split)
+        values = sorted({value for split in data.values() for value in split[label_column]})
+        if all(isinstance(v, str) for v in values):
+            label_names = values
+            data = data.cast_column(label_column, datasets.ClassLabel(names=values))
+        else:
+            label_names = [str(i) for i in range(int(max(values)) + 1)]
+
+    if args.image_size:
+        size = args.image_size
+    elif processor is not None and getattr(processor, "size", None):
+        size = processor.size.get("shortest_edge") or processor.size.get("height")
+    else:
+        size = min(reference[0][image_column].size)
+    mean = getattr(processor, "image_mean", None) or _IMAGENET_MEAN
+    std = getattr(processor, "image_std", None) or _IMAGENET_STD
+    name = os.path.basename(os.path.normpath(args.dataset_name or args.train_dir or args.validation_dir))
+    if processor is None:
+        processor = image_processor_for(DatasetInfo(name, len(label_names), size, 3, tuple(mean), tuple(std),
+                                                    tuple(label_names)))
+    train_transform, eval_transform = image_transforms(size, mean, std)
+
+    def select(split: str, transform, limit: int | None, shuffle: bool):
+        if split not in splits:
+            return None
+        dataset = data[names[split]]
+        if limit is not None:
+            dataset = (dataset.shuffle(seed=seed) if shuffle else dataset).select(range(min(limit, len(dataset))))
+        return dataset.with_transform(ApplyTransform(transform, image_column))
+
+    return RecipeData(
+        train=select("train", train_transform, args.max_train_samples, shuffle=True),
+        eval=select("eval", eval_transform, args.max_eval_samples, shuffle=False),
+        test=select("test", eval_transform, args.max_predict_samples, shuffle=False),
+        label_names=label_names,
+        image_size=size,
+        collator=ImageClassificationCollator(label_column),
+        processor=processor,
+        name=name,
+    )
+
+
+_IMAGENET_MEAN = (0.485, 0.456, 0.406)  # transformers.image_utils.IMAGENET_DEFAULT_MEAN / _STD
+_IMAGENET_STD = (0.229, 0.224, 0.225)
