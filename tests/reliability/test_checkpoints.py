@@ -170,3 +170,30 @@ def test_loading_weights_with_nan_warns_naming_them(tmp_path):
     model.save_pretrained(tmp_path)
     with pytest.warns(UserWarning, match=r"classifier\.weight.*running_var|running_var.*classifier\.weight"):
         RevNetForImageClassification.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("damage,message", [
+    (lambda folder: (folder / "config.json").unlink(), "needs its config.json"),
+    (lambda folder: (folder / "config.json").write_text("[1, 2]"), "must hold a JSON object"),
+    (lambda folder: (folder / "config.json").write_text("{"), "not valid JSON"),
+])
+def test_a_bad_config_file_names_itself(tmp_path, damage, message):
+    from petra_hub import RevNetForImageClassification
+    from petra_hub.testing.models import small_model
+
+    small_model("revnet18", dtype=torch.float32).save_pretrained(tmp_path)
+    damage(tmp_path)
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        RevNetForImageClassification.from_pretrained(tmp_path)
+
+
+def test_a_bad_processor_normalisation_is_refused():
+    from types import SimpleNamespace
+
+    from petra_hub.training.recipe_data import normalisation
+
+    assert normalisation(None)[0] == (0.485, 0.456, 0.406)
+    with pytest.raises(ValueError, match="image_std must be positive"):
+        normalisation(SimpleNamespace(image_mean=[0.5] * 3, image_std=[0.5, 0.0, 0.5]))
+    with pytest.raises(ValueError, match="image_mean must be 1 or 3 finite numbers"):
+        normalisation(SimpleNamespace(image_mean=[0.5, "x"], image_std=[0.5] * 3))

@@ -10,6 +10,7 @@ mean and std), a collator that builds `pixel_values` and `labels`, label names f
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -240,8 +241,7 @@ def _load_datasets(args: DataArguments, seed: int, splits: set[str], processor) 
         size = processor.size.get("shortest_edge") or processor.size.get("height")
     else:
         size = min(reference[0][image_column].size)
-    mean = getattr(processor, "image_mean", None) or _IMAGENET_MEAN
-    std = getattr(processor, "image_std", None) or _IMAGENET_STD
+    mean, std = normalisation(processor)
     name = os.path.basename(os.path.normpath(args.dataset_name or args.train_dir or args.validation_dir))
     if processor is None:
         processor = image_processor_for(DatasetInfo(name, len(label_names), size, 3, tuple(mean), tuple(std),
@@ -268,5 +268,19 @@ def _load_datasets(args: DataArguments, seed: int, splits: set[str], processor) 
     )
 
 
-_IMAGENET_MEAN = (0.485, 0.456, 0.406)  # transformers.image_utils.IMAGENET_DEFAULT_MEAN / _STD
-_IMAGENET_STD = (0.229, 0.224, 0.225)
+def normalisation(processor) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The processor's `image_mean` / `image_std` (ImageNet's without a processor), checked: one finite number per
+    channel (1 or 3), every std positive."""
+    imagenet = dataset_spec("imagenet").info
+    mean = getattr(processor, "image_mean", None) or imagenet.mean
+    std = getattr(processor, "image_std", None) or imagenet.std
+    for name, values in (("image_mean", mean), ("image_std", std)):
+        numbers = values if isinstance(values, (list, tuple)) else [values]
+        if len(numbers) not in (1, 3) or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in numbers):
+            raise ValueError(
+                f"the image processor's {name} must be 1 or 3 finite numbers (one per channel), got {values!r} "
+                "(check preprocessor_config.json)"
+            )
+        if name == "image_std" and not all(v > 0 for v in numbers):
+            raise ValueError(f"the image processor's image_std must be positive, got {values!r} (check preprocessor_config.json)")
+    return tuple(mean) if isinstance(mean, (list, tuple)) else (mean,) * 3, tuple(std) if isinstance(std, (list, tuple)) else (std,) * 3

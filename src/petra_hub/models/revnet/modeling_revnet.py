@@ -10,6 +10,8 @@ so that `trust_remote_code=True` users can load them without petra_hub.
 
 from __future__ import annotations
 
+import json
+import os
 import warnings
 
 import torch
@@ -237,6 +239,9 @@ class RevNetPreTrainedModel(PreTrainedModel):
     def from_pretrained(cls, *args, **kwargs):
         """transformers' `from_pretrained`, plus a warning naming any weight or statistic that holds NaN or
         infinity (a checkpoint saved from a diverged run loads without error but predicts nothing useful)."""
+        folder = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+        if isinstance(folder, (str, os.PathLike)) and os.path.isdir(folder) and kwargs.get("config") is None:
+            _check_config_file(os.path.join(folder, "config.json"))
         loaded = super().from_pretrained(*args, **kwargs)
         model = loaded[0] if isinstance(loaded, tuple) else loaded
         bad = [name for name, tensor in model.state_dict().items() if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
@@ -244,6 +249,19 @@ class RevNetPreTrainedModel(PreTrainedModel):
             shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
             warnings.warn(f"{cls.__name__}.from_pretrained: non-finite values (NaN or inf) in {shown}", stacklevel=2)
         return loaded
+
+
+def _check_config_file(path: str) -> None:
+    """A saved folder's config.json must exist and hold a JSON object (clear errors instead of transformers' own)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} does not exist: a saved RevNet folder needs its config.json")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            content = json.load(handle)
+    except ValueError as error:
+        raise ValueError(f"{path} is not valid JSON ({error})") from None
+    if not isinstance(content, dict):
+        raise ValueError(f"{path} must hold a JSON object of configuration fields, got a {type(content).__name__}")
 
 
 class RevNetModel(RevNetPreTrainedModel):
