@@ -99,3 +99,13 @@ def test_error_imagenet32_bad_labels_and_archive(tmp_path):
     with pytest.raises(ValueError, match="unreadable archive"):
         load_image_dataset("cifar10", "test", data_dir=str(bad_tar))
 
+
+
+def test_meta_file_with_odd_label_names(tmp_path):
+    # names that are not text, or not UTF-8, never stop loading: defaults, or replaced bytes
+    _write_cifar10(str(tmp_path), np.random.default_rng(10))
+    meta = tmp_path / "cifar-10-batches-py" / "batches.meta"
+    _write(str(meta), _py2_pickle({"label_names": [1.5] * 10}))
+    assert load_image_dataset("cifar10", "test", data_dir=str(tmp_path)).info.label_names[0] == "airplane"
+    _write(str(meta), pickle.dumps({"label_names": [b"caf\xe9"] + [b"n"] * 9}))
+    assert load_image_dataset("cifar10", "test", data_dir=str(tmp_path)).info.label_names[0] == "caf\ufffd"

@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .registry import DatasetInfo, dataset_spec
+from .sources import check_label_range
 from .sources.hub import load_hub
 from .transforms import Transform, item_seed
 
@@ -132,7 +133,8 @@ def load_image_dataset(name: str, split: str, *, data_dir: str | None = None,
     ``augment`` defaults to True for "train", False for "test"; ``seed`` fixes the
     augmentation stream.  ``data_dir`` (local files, see :mod:`petra_hub.data.sources`)
     and ``hub_id`` (Hub repo id or local dataset folder; default ``DatasetSpec.hub_id``)
-    are mutually exclusive.  "validation" and "val" are aliases of "test".
+    are mutually exclusive.  "validation" and "val" are aliases of "test".  A split with
+    no items, or with labels outside ``0..num_labels-1``, is a ValueError naming it.
     """
     spec = dataset_spec(name)
     split = _canonical_split(split)
@@ -152,7 +154,15 @@ def load_image_dataset(name: str, split: str, *, data_dir: str | None = None,
             raise ValueError(f"{name!r} needs data_dir ({reader.layout}) or hub_id (a Hub data set); "
                              "neither was given")
         source, labels, info = load_hub(spec, split, hub_id)
+    _check_items(labels, info, f"{name} {split} ({data_dir or hub_id or reader.embedded})")
     return _ImageDataset(info, split, source, labels, spec.transform(augment), augment, seed)
+
+
+def _check_items(labels: torch.Tensor, info: DatasetInfo, where: str) -> None:
+    """Every reader's result: at least one item, labels in ``0..num_labels-1``."""
+    if len(labels) == 0:
+        raise ValueError(f"{where}: no items")
+    check_label_range(labels, 0, info.num_labels - 1, where)
 
 
 def collate_image_batch(items: Sequence[dict]) -> dict[str, torch.Tensor]:

@@ -97,7 +97,8 @@ DATASET_SPECS: dict[str, DatasetSpec] = {
         reader=CifarBatches(
             folder="cifar-10-batches-py", tarball="cifar-10-python.tar.gz",
             train_files=tuple(f"data_batch_{i}" for i in range(1, 6)), test_files=("test_batch",),
-            meta_file="batches.meta", label_key="labels", names_key="label_names"),
+            meta_file="batches.meta", label_key="labels", names_key="label_names",
+            max_rows=10_000),  # every batch holds 10,000 images
         train_transform=PadCrop(padding=4, flip=True),
         test_transform=ResizeIfNeeded(),
         hub_id="uoft-cs/cifar10",
@@ -111,7 +112,8 @@ DATASET_SPECS: dict[str, DatasetSpec] = {
         reader=CifarBatches(
             folder="cifar-100-python", tarball="cifar-100-python.tar.gz",
             train_files=("train",), test_files=("test",),
-            meta_file="meta", label_key="fine_labels", names_key="fine_label_names"),
+            meta_file="meta", label_key="fine_labels", names_key="fine_label_names",
+            max_rows=50_000),  # train: 50,000 images, test: 10,000
         train_transform=PadCrop(padding=4, flip=True),
         test_transform=ResizeIfNeeded(),
         hub_id="uoft-cs/cifar100",
@@ -127,7 +129,8 @@ DATASET_SPECS: dict[str, DatasetSpec] = {
             train_files=tuple(f"train_data_batch_{i}" for i in range(1, 11)),
             test_files=("val_data",),
             layout="a folder with train_data_batch_1..10 and val_data",
-            label_key="labels", first_label=1),
+            label_key="labels", first_label=1,
+            max_rows=130_000),  # train batches ~128,100 images each, val_data 50,000
         train_transform=PadCrop(padding=4, flip=True),
         test_transform=ResizeIfNeeded(),
         hub_id=None,  # no default: give data_dir or hub_id

@@ -15,15 +15,21 @@ with two attributes and a call (see :class:`LocalReader`):
               ``num_labels`` replaced where the files say otherwise.
 
 Modules: :mod:`.digits` (scikit-learn's digits), :mod:`.pickles` (CIFAR folders and
-tarballs, ImageNet32 pickles / .npz), :mod:`.folders` (image-folder layout) and
+tarballs, ImageNet32 pickles / .npz), :mod:`.folders` (image-folder layout),
 :mod:`.hub` (any data set through the ``datasets`` library; not a reader, the fallback
-when no ``data_dir`` is given).
+when no ``data_dir`` is given) and :mod:`.safe_io` (size-capped reads, tar members,
+.npz and the restricted unpickler).
+
+Labels are checked by :func:`int_labels` (a flat list or 1-D array of integers, never
+a float rounded or truncated, nothing converted before its length is known) and
+:func:`check_label_range`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Protocol
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
@@ -46,3 +52,55 @@ def pil_to_uint8(img) -> torch.Tensor:
     if img.mode != "RGB":
         img = img.convert("RGB")
     return TF.pil_to_tensor(img)
+
+
+def _describe(value) -> str:
+    if isinstance(value, (float, np.floating)):
+        return f"float labels (e.g. {value!r}); they are neither rounded nor truncated"
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return f"a nested {type(value).__name__}: labels must be a flat list"
+    return f"a {type(value).__name__} ({value!r:.40})"
+
+
+def int_labels(values, where: str, max_count: int | None = None) -> np.ndarray:
+    """``values`` (a list / tuple of ints or a 1-D integer array) as a 1-D int64 array.
+
+    ValueError naming ``where`` for anything else: floats (never rounded or truncated),
+    nested lists, booleans, other types, or more than ``max_count`` values (checked
+    before any conversion, so a small nested structure cannot expand in memory).
+    """
+    if not isinstance(values, (np.ndarray, list, tuple)):
+        raise ValueError(f"{where}: expected a list of integer labels, got {type(values).__name__}")
+    if max_count is not None and len(values) > max_count:
+        raise ValueError(f"{where}: {len(values):,} labels, more than the {max_count:,} expected "
+                         "at most")
+    if isinstance(values, np.ndarray):
+        if values.ndim != 1:
+            raise ValueError(f"{where}: expected a flat list of integer labels, "
+                             f"got an array of shape {values.shape}")
+        if values.dtype.kind == "f" and len(values):
+            odd = values[~np.isclose(values, np.round(values))]  # NaN included
+            sample = float(odd[0] if len(odd) else values[0])
+            raise ValueError(f"{where}: expected integer labels, got {_describe(sample)}")
+        if values.dtype.kind not in "iu":
+            raise ValueError(f"{where}: expected integer labels, got an array of {values.dtype}")
+    else:
+        for v in values:
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+                raise ValueError(f"{where}: expected a flat list of integer labels, found "
+                                 f"{_describe(v)}")
+    if isinstance(values, np.ndarray) and values.dtype == np.uint64 and len(values) \
+            and values.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{where}: label {values.max()} does not fit in int64")
+    try:
+        return np.array(values, dtype=np.int64)  # a writable copy (pickled arrays are read-only)
+    except OverflowError:
+        raise ValueError(f"{where}: a label does not fit in int64") from None
+
+
+def check_label_range(labels, lo: int, hi: int, where: str) -> None:
+    """ValueError naming ``where`` unless every label lies in ``lo..hi``."""
+    labels = torch.as_tensor(labels)
+    if len(labels) and (int(labels.min()) < lo or int(labels.max()) > hi):
+        raise ValueError(f"{where}: labels must lie in {lo}..{hi}, "
+                         f"found {int(labels.min())}..{int(labels.max())}")

@@ -3,7 +3,8 @@
 Classes are indexed by the sorted names of the ``train/`` sub-folders (of the evaluation
 folder when there is no ``train/``); the evaluation folder is the first of ``val/``,
 ``validation/``, ``test/`` that exists.  Images are found recursively (sorted, links
-followed) by extension, decoded with PIL and converted to RGB.
+followed) by extension, decoded with PIL and converted to RGB; an image that cannot be
+decoded (e.g. a truncated JPEG) is a ValueError naming its path.
 """
 
 from __future__ import annotations
@@ -75,7 +76,13 @@ class ImageFolders:
         def source(index: int) -> torch.Tensor:
             from PIL import Image
 
-            with Image.open(files[index]) as im:
-                return pil_to_uint8(im)
+            try:
+                with Image.open(files[index]) as im:
+                    return pil_to_uint8(im)
+            except MemoryError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - PIL raises many types; name the file
+                raise ValueError(f"{files[index]}: cannot decode the image "
+                                 f"({type(exc).__name__}: {exc})") from exc
 
         return source, torch.as_tensor(labels, dtype=torch.int64), info

@@ -5,19 +5,21 @@
 spec's aliases that exists (``DatasetSpec.hub_splits``: "test" is "validation" first for
 ImageNet, whose Hub "test" split has no labels).  The image and label columns are the
 first of the spec's preferred names present, else the first ``Image`` / ``ClassLabel``
-feature; ``ClassLabel`` names replace the default label names.
+feature; ``ClassLabel`` names replace the default label names.  Labels must be integers
+in ``0..num_labels-1`` (floats are an error, never truncated); an empty split, and an
+image that cannot be decoded, are ValueErrors naming the source, split (and item).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
-from . import pil_to_uint8
+from . import check_label_range, int_labels, pil_to_uint8
 
 if TYPE_CHECKING:
     from ..registry import DatasetSpec
@@ -25,28 +27,41 @@ if TYPE_CHECKING:
 
 
 def _open_split(hub_id: str, candidates: tuple[str, ...]):
+    """``(dataset, split name)`` of the first of ``candidates`` that loads."""
     import datasets
 
-    if os.path.isfile(os.path.join(hub_id, "dataset_dict.json")):  # save_to_disk output
-        dd = datasets.load_from_disk(hub_id)
-        ds = next((dd[s] for s in candidates if s in dd), None)
-        if ds is None:
-            raise ValueError(f"{hub_id}: none of the splits {candidates} in {list(dd)}")
-        return ds
-    first_error = None
+    dict_json = os.path.join(hub_id, "dataset_dict.json")
+    if os.path.isfile(dict_json):  # save_to_disk output: open the one split needed
+        try:
+            with open(dict_json, encoding="utf-8") as fh:
+                splits = [str(s) for s in json.load(fh)["splits"]]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{dict_json}: unreadable ({type(exc).__name__}: {exc})") from None
+        s = next((s for s in candidates if s in splits), None)
+        if s is None:
+            raise ValueError(f"{hub_id}: none of the splits {candidates} in {splits}")
+        try:
+            return datasets.load_from_disk(os.path.join(hub_id, s)), s
+        except IndexError:  # what datasets raises for a split saved with no rows
+            raise ValueError(f"{hub_id}: split {s!r} has no items") from None
+    errors = []
     for s in candidates:
         try:
-            return datasets.load_dataset(hub_id, split=s)
-        except ValueError as exc:  # unknown split name: try the next alias
-            first_error = first_error or exc
-    raise first_error
+            return datasets.load_dataset(hub_id, split=s), s
+        except ValueError as exc:  # unknown split name, or no data: try the next alias
+            errors.append(f"{s!r}: {exc}")
+    raise ValueError(f"{hub_id}: no split {' / '.join(map(repr, candidates))} with items "
+                     f"({'; '.join(errors)})")
 
 
 def load_hub(spec: DatasetSpec, split: str, hub_id: str) -> Loaded:
     """``(source, labels, info)`` of split ``split`` ("train" / "test") of ``hub_id``."""
     import datasets
 
-    ds = _open_split(hub_id, spec.hub_splits(split))
+    ds, used = _open_split(hub_id, spec.hub_splits(split))
+    where = f"{hub_id} split {used!r}"
+    if len(ds) == 0:
+        raise ValueError(f"{where}: no items")
     image_pref, label_pref = spec.hub_image_columns, spec.hub_label_columns
     feats = ds.features
     image_col = next((c for c in image_pref if c in feats), None) or next(
@@ -56,16 +71,22 @@ def load_hub(spec: DatasetSpec, split: str, hub_id: str) -> Loaded:
     if image_col is None or label_col is None:
         raise ValueError(f"{hub_id}: expected an image column ({'/'.join(image_pref)}) and a "
                          f"label column ({'/'.join(label_pref)}), found {list(feats)}")
-    labels = torch.as_tensor(
-        np.asarray(ds.select_columns([label_col]).with_format("numpy")[:][label_col]),
-        dtype=torch.int64)
     info = spec.info
     if isinstance(feats[label_col], datasets.ClassLabel):
         names = tuple(feats[label_col].names)
         info = replace(info, num_labels=len(names), label_names=names)
+    raw = ds.select_columns([label_col]).with_format("numpy")[:][label_col]
+    labels = torch.from_numpy(int_labels(raw, f"{where}: column {label_col!r}"))
+    check_label_range(labels, 0, info.num_labels - 1, f"{where}: column {label_col!r}")
     images = ds.select_columns([image_col])
 
     def source(index: int) -> torch.Tensor:
-        return pil_to_uint8(images[index][image_col])
+        try:
+            return pil_to_uint8(images[index][image_col])
+        except MemoryError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - name the item whatever went wrong
+            raise ValueError(f"{where}: item {index}: cannot decode the image "
+                             f"({type(exc).__name__}: {exc})") from exc
 
     return source, labels, info

@@ -3,7 +3,21 @@
 Each file is a dict with ``data``: N x 3072 uint8, channel-major (the 1024 red values of
 the 32x32 image row by row, then green, then blue) and a list of N labels.  Pickles are
 read with a restricted unpickler that accepts numpy arrays and plain containers only
-(Python-2 pickles included); ImageNet32 files may also be ``.npz``.
+(Python-2 pickles included); ImageNet32 files may also be ``.npz`` (see :mod:`.safe_io`).
+
+Size caps (files may come from someone else).  A batch holds at most ``max_rows`` images:
+CIFAR-10 10,000 per batch; CIFAR-100 50,000 (``train``); ImageNet32 130,000 (its train
+batches hold about 128,100 each, 1,281,167 in all; ``val_data`` 50,000).  A batch file
+(pickle, ``.npz`` or archive member) may hold at most ``max_rows * ROW_BUDGET +
+HEADROOM_BYTES`` bytes: 4,096 per image (its 3,072 pixel bytes; the rest for its label,
+file name and other per-image entries, about 32 bytes in the originals) plus 1 MiB (meta
+data, ImageNet32's 24 KiB mean image, framing); a meta file at most ``HEADROOM_BYTES``;
+a tarball's members together at most the caps of all its batch files plus
+``HEADROOM_BYTES`` (see :func:`.safe_io.read_tar_members`).  Sizes are checked before
+reading; ``data`` must have 1..``max_rows`` rows and the labels must be a flat list (or
+1-D array) of as many integers, checked before numpy converts them.  A full-size batch
+pickled with more than one byte per pixel (protocol 0 / 1, or protocol 2 from Python 3)
+exceeds its cap: re-save it with protocol >= 3, or as ``.npz``.
 
 ``CifarBatches``        ``data_dir`` holding the extracted archive folder (e.g.
                         ``cifar-10-batches-py/`` with ``data_batch_1..5``, ``test_batch``,
@@ -18,74 +32,57 @@ read with a restricted unpickler that accepts numpy arrays and plain containers 
 from __future__ import annotations
 
 import bisect
-import io
 import os
-import pickle
-import tarfile
-import warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
 
+from . import check_label_range, int_labels
+from .safe_io import load_npz, read_capped, read_tar_members, unpickle
+
 if TYPE_CHECKING:
     from ..registry import DatasetSpec
     from . import Loaded
 
+__all__ = ["CifarBatches", "ImagenetBatches", "unpickle", "ROW_BUDGET", "HEADROOM_BYTES"]
 
-class _RestrictedUnpickler(pickle.Unpickler):
-    """Unpickles dicts / lists / numpy arrays only (the CIFAR and ImageNet32 files)."""
-
-    _ALLOWED = {
-        ("numpy._core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "scalar"),
-        ("numpy._core.numeric", "_frombuffer"), ("numpy", "ndarray"), ("numpy", "dtype"),
-        ("_codecs", "encode"), ("copyreg", "_reconstructor"), ("builtins", "object"),
-    }
-
-    def find_class(self, module: str, name: str):
-        module = {"copy_reg": "copyreg", "__builtin__": "builtins"}.get(module, module)
-        if module.startswith("numpy.core"):  # files written with numpy < 2
-            module = "numpy._core" + module[len("numpy.core"):]
-        if (module, name) not in self._ALLOWED:
-            raise pickle.UnpicklingError(f"global {module}.{name} is not allowed")
-        return super().find_class(module, name)
+ROW_BYTES = 3072  # one channel-major 3 x 32 x 32 uint8 image
+ROW_BUDGET = 4096  # file bytes allowed per image: its pixels plus up to 1 KiB of label etc.
+HEADROOM_BYTES = 1 << 20  # file bytes allowed besides the images (and the meta file's cap)
 
 
-def unpickle(raw: bytes, where: str) -> dict:
-    """The dict pickled in ``raw`` (bytes keys decoded); ValueError naming ``where`` if not."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            obj = _RestrictedUnpickler(io.BytesIO(raw), encoding="latin1").load()
-    except Exception as exc:  # noqa: BLE001 - any failure means a bad file
-        raise ValueError(f"{where}: not a readable pickle of a dict with 'data' and labels "
-                         f"({type(exc).__name__}: {exc})") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f"{where}: expected a pickled dict, got {type(obj).__name__}")
-    return {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in obj.items()}
+def max_file_bytes(max_rows: int) -> int:
+    """The most bytes a batch file of at most ``max_rows`` images may hold."""
+    return max_rows * ROW_BUDGET + HEADROOM_BYTES
 
 
-def _check_batch(d: dict, label_key: str, where: str, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-    """Validate one batch: ``data`` N x 3072 uint8, labels N ints in [lo, hi]."""
+def _batch_kind(name: str, max_rows: int) -> str:
+    return f"a {name} batch file ({max_rows:,} images of {ROW_BYTES:,} bytes plus labels)"
+
+
+def _check_batch(d: dict, label_key: str, where: str, lo: int, hi: int,
+                 max_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Validate one batch: ``data`` 1..max_rows x 3072 uint8, labels as many ints in [lo, hi]."""
     if "data" not in d or label_key not in d:
         raise ValueError(f"{where}: expected keys 'data' and {label_key!r}, found {sorted(map(str, d))}")
     data = d["data"]
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 \
-            or data.shape[1] != 3072:
+            or data.shape[1] != ROW_BYTES:
         desc = (f"{data.dtype} array of shape {data.shape}" if isinstance(data, np.ndarray)
                 else type(data).__name__)
         raise ValueError(f"{where}: expected 'data' to be an N x 3072 uint8 array "
                          f"(channel-major 3x32x32 images), got {desc}")
-    try:
-        labels = np.asarray(d[label_key], dtype=np.int64).reshape(-1)
-    except (TypeError, ValueError):
-        raise ValueError(f"{where}: {label_key!r} is not a list of integers") from None
+    if len(data) == 0:
+        raise ValueError(f"{where}: no images ('data' is 0 x 3072; expected at least one row)")
+    if len(data) > max_rows:
+        raise ValueError(f"{where}: {len(data):,} images, more than a batch holds "
+                         f"(at most {max_rows:,})")
+    labels = int_labels(d[label_key], f"{where}: {label_key!r}", max_count=max_rows)
     if len(labels) != len(data):
         raise ValueError(f"{where}: {len(data)} images but {len(labels)} labels")
-    if len(labels) and (labels.min() < lo or labels.max() > hi):
-        raise ValueError(f"{where}: labels must lie in {lo}..{hi}, "
-                         f"found {labels.min()}..{labels.max()}")
+    check_label_range(labels, lo, hi, where)
     return data.reshape(-1, 3, 32, 32), labels
 
 
@@ -101,12 +98,13 @@ class _Chunks:
         return torch.from_numpy(np.array(self.arrays[k][index - self.starts[k]]))
 
 
-def _batches(spec: DatasetSpec, named_dicts, label_key: str, first_label: int) -> Loaded:
+def _batches(spec: DatasetSpec, named_dicts, label_key: str, first_label: int,
+             max_rows: int) -> Loaded:
     """Validated batches of ``(where, dict)`` pairs as a source, 0-based labels and info."""
     arrays, labels = [], []
     hi = first_label + spec.info.num_labels - 1
     for where, d in named_dicts:
-        data, lab = _check_batch(d, label_key, where, first_label, hi)
+        data, lab = _check_batch(d, label_key, where, first_label, hi, max_rows)
         arrays.append(data)
         labels.append(lab - first_label)
     return _Chunks(arrays), torch.from_numpy(np.concatenate(labels)), spec.info
@@ -123,42 +121,35 @@ class CifarBatches:
     meta_file: str  # label names; optional
     label_key: str  # e.g. "labels", "fine_labels"
     names_key: str  # in the meta file, e.g. "label_names"
+    max_rows: int = 10_000  # images in the largest batch file
     embedded = None
 
     @property
     def layout(self) -> str:
         return f"{self.folder}/ (the extracted archive) or {self.tarball}"
 
-    def read_files(self, data_dir: str, name: str, wanted: list[str]) -> dict[str, bytes]:
-        """Raw bytes of the ``wanted`` files (and the meta file when present), folder or tarball."""
+    def read_files(self, data_dir: str, name: str, wanted: list[str]) -> dict[str, tuple[str, bytes]]:
+        """``{file: (where, raw bytes)}`` of the ``wanted`` files (and the meta file when
+        present), from the folder or the tarball; each size-capped before reading."""
         meta, tarball = self.meta_file, self.tarball
+        caps = {f: (max_file_bytes(self.max_rows), _batch_kind(name, self.max_rows)) for f in wanted}
+        caps[meta] = (HEADROOM_BYTES, f"a {name} meta file")
         if os.path.isfile(data_dir):  # data_dir may name the tarball itself
             data_dir, tarball = os.path.split(data_dir)
         for d in (os.path.join(data_dir, self.folder), data_dir):
             if all(os.path.isfile(os.path.join(d, f)) for f in wanted):
-                out = {}
-                for f in wanted + [meta]:
-                    p = os.path.join(d, f)
-                    if os.path.isfile(p):
-                        with open(p, "rb") as fh:
-                            out[f] = fh.read()
-                return out
+                paths = {f: os.path.join(d, f) for f in wanted + [meta]}
+                return {f: (p, read_capped(p, *caps[f])) for f, p in paths.items() if os.path.isfile(p)}
         tar_path = os.path.join(data_dir, tarball)
-        if os.path.isfile(tar_path):
-            out = {}
-            try:
-                with tarfile.open(tar_path, "r:*") as tar:
-                    for member in tar:
-                        base = os.path.basename(member.name)
-                        if member.isfile() and base in wanted + [meta] and base not in out:
-                            out[base] = tar.extractfile(member).read()
-            except (tarfile.TarError, OSError, EOFError) as exc:
-                raise ValueError(f"{tar_path}: unreadable archive ({exc})") from None
-            missing = [f for f in wanted if f not in out]
+        if os.path.isfile(tar_path):  # the whole archive: every batch of both splits, meta, extras
+            total = max_file_bytes(self.max_rows) * (len(self.train_files) + len(self.test_files)) \
+                + HEADROOM_BYTES
+            raw = read_tar_members(tar_path, caps, total)
+            missing = [f for f in wanted if f not in raw]
             if missing:
                 raise FileNotFoundError(
                     f"{tar_path} lacks {', '.join(f'{self.folder}/{m}' for m in missing)}")
-            return out
+            return {f: (f"{tar_path}: {f}", b) for f, b in raw.items()}
         raise FileNotFoundError(
             f"no {name} data in {data_dir!r}: expected {self.folder}/ holding {', '.join(wanted)} "
             f"(the extracted archive) or {tarball}"
@@ -168,12 +159,14 @@ class CifarBatches:
         wanted = list(self.train_files if split == "train" else self.test_files)
         raw = self.read_files(data_dir, spec.info.name, wanted)
         source, labels, info = _batches(
-            spec, ((f, unpickle(raw[f], f)) for f in wanted), self.label_key, 0)
+            spec, ((raw[f][0], unpickle(raw[f][1], raw[f][0])) for f in wanted),
+            self.label_key, 0, self.max_rows)
         if self.meta_file in raw:
-            names = unpickle(raw[self.meta_file], self.meta_file).get(self.names_key)
-            if isinstance(names, (list, tuple)) and len(names) == info.num_labels:
+            names = unpickle(raw[self.meta_file][1], raw[self.meta_file][0]).get(self.names_key)
+            if isinstance(names, (list, tuple)) and len(names) == info.num_labels \
+                    and all(isinstance(n, (str, bytes)) for n in names):
                 info = replace(info, label_names=tuple(
-                    n.decode() if isinstance(n, bytes) else str(n) for n in names))
+                    n.decode("utf-8", "replace") if isinstance(n, bytes) else n for n in names))
         return source, labels, info
 
 
@@ -190,15 +183,10 @@ def _find_file(data_dir: str, base: str) -> str | None:
     return None
 
 
-def _read_batch_file(path: str) -> dict:
+def _read_batch_file(path: str, max_bytes: int, kind: str) -> dict:
     if path.endswith(".npz"):
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                return {k: z[k] for k in z.files}
-        except Exception as exc:  # noqa: BLE001
-            raise ValueError(f"{path}: unreadable .npz ({type(exc).__name__}: {exc})") from None
-    with open(path, "rb") as fh:
-        return unpickle(fh.read(), path)
+        return load_npz(path, max_bytes, kind)
+    return unpickle(read_capped(path, max_bytes, kind), path)
 
 
 @dataclass(frozen=True)
@@ -210,6 +198,7 @@ class ImagenetBatches:
     layout: str  # for error messages
     label_key: str = "labels"
     first_label: int = 1  # labels in the files are 1-based
+    max_rows: int = 130_000  # images in the largest batch file
     embedded = None
 
     def __call__(self, spec: DatasetSpec, split: str, data_dir: str | None) -> Loaded:
@@ -223,5 +212,6 @@ class ImagenetBatches:
             raise FileNotFoundError(
                 f"no {name} {split} data in {data_dir!r}: missing {', '.join(missing)} "
                 f"(expected {', '.join(wanted)}, as pickles or .npz, in the folder or a sub-folder)")
-        return _batches(spec, ((paths[w], _read_batch_file(paths[w])) for w in wanted),
-                        self.label_key, self.first_label)
+        cap, kind = max_file_bytes(self.max_rows), _batch_kind(name, self.max_rows)
+        return _batches(spec, ((paths[w], _read_batch_file(paths[w], cap, kind)) for w in wanted),
+                        self.label_key, self.first_label, self.max_rows)

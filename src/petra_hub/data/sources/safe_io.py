@@ -1,0 +1,268 @@
+"""Reading data files that may come from someone else: no code runs, memory stays bounded.
+
+``read_capped(path, max_bytes)``   the whole file, its size checked before reading.
+``read_tar_members(path, caps, max_total_bytes)``
+                                   wanted members of a (compressed) tar archive, read in
+                                   place (never extracted to disk): regular files only
+                                   (no links), each member's declared size checked
+                                   against its cap before reading, at most
+                                   ``MAX_TAR_MEMBERS`` members and ``max_total_bytes``
+                                   of content scanned, the scan stopping once every
+                                   wanted member is found.
+``load_npz(path, max_bytes)``      the arrays of an ``.npz``, each member read with
+                                   numpy's ``.npy`` reader and ``allow_pickle=False``
+                                   (what ``np.load`` does); the file size, the members'
+                                   declared sizes and each ``.npy`` header (shape x item
+                                   size) are checked before any array is allocated
+                                   (numpy allocates what a header claims).
+``unpickle(raw, where)``           a pickled dict through a restricted unpickler: the
+                                   only globals are those numpy arrays pickle with
+                                   (``_reconstruct`` of an *empty* array, ``ndarray``
+                                   only as its argument, ``dtype`` of plain non-object
+                                   types, ``scalar``, ``_frombuffer``),
+                                   ``_codecs.encode`` with Latin-1 (how Python 3 pickles
+                                   bytes at protocol 2) and ``copyreg._reconstructor`` /
+                                   ``object`` for plain objects.  No global can allocate
+                                   more than the pickle holds: an array's state is
+                                   checked (bytes = shape x item size) and viewed with
+                                   ``np.frombuffer``, never passed to numpy's
+                                   ``__setstate__``.
+
+Errors are ``ValueError`` naming the file and what was expected.
+"""
+
+from __future__ import annotations
+
+import copyreg
+import io
+import math
+import os
+import pickle
+import tarfile
+import warnings
+import zipfile
+import zlib
+
+import numpy as np
+
+__all__ = ["MAX_TAR_MEMBERS", "read_capped", "read_tar_members", "load_npz", "unpickle"]
+
+# A CIFAR archive holds 5 to 9 entries; anything with more is not one.
+MAX_TAR_MEMBERS = 1_000
+
+
+class _Refused(ValueError):
+    """A file refused by a check here (re-raised as is, not as "unreadable")."""
+
+
+def _too_big(where: str, size: int, limit: int, what: str) -> ValueError:
+    return _Refused(f"{where}: {size:,} bytes, more than {what} can be (at most {limit:,} bytes); "
+                    "refusing to read it")
+
+
+def read_capped(path: str, max_bytes: int, what: str = "this file") -> bytes:
+    """The bytes of ``path``; ValueError before reading when it holds more than ``max_bytes``."""
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > max_bytes:
+            raise _too_big(path, size, max_bytes, what)
+        raw = fh.read(size + 1)  # not max_bytes + 1: read(n) reserves n bytes first
+    if len(raw) > max_bytes:
+        raise _too_big(path, len(raw), max_bytes, what)
+    return raw
+
+
+def read_tar_members(tar_path: str, caps: dict[str, tuple[int, str]],
+                     max_total_bytes: int) -> dict[str, bytes]:
+    """Bytes of the regular-file members whose base name is a key of ``caps`` (the first of
+    each); ``caps[name]`` is (the most bytes it may hold, what it is, for the error).
+    Missing names are simply absent."""
+    out: dict[str, bytes] = {}
+    try:
+        with tarfile.open(tar_path, "r:*") as tar:
+            count = total = 0
+            while len(out) < len(caps):
+                member = tar.next()
+                if member is None:
+                    break
+                count += 1
+                total += max(int(member.size), 0)
+                if count > MAX_TAR_MEMBERS:
+                    raise ValueError(f"{tar_path}: more than {MAX_TAR_MEMBERS:,} archive members; "
+                                     "not a data set archive")
+                if total > max_total_bytes:
+                    raise ValueError(f"{tar_path}: members add up to more than {max_total_bytes:,} "
+                                     "bytes, more than a genuine archive holds; refusing to read on")
+                base = os.path.basename(member.name)
+                if not member.isfile() or base not in caps or base in out:
+                    continue
+                where = f"{tar_path}: member {member.name}"
+                if member.size > caps[base][0]:
+                    raise _too_big(where, member.size, *caps[base])
+                out[base] = tar.extractfile(member).read()  # member.size bytes at most
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        raise ValueError(f"{tar_path}: unreadable archive ({exc})") from None
+    return out
+
+
+def _npy_nbytes(fh, where: str) -> int:
+    """Bytes the array of an ``.npy`` stream will take, from its header alone."""
+    fmt = np.lib.format
+    version = fmt.read_magic(fh)
+    read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+    shape, _, dtype = read_header(fh)
+    if dtype.hasobject:
+        raise _Refused(f"{where}: object arrays are not allowed")
+    return math.prod(int(s) for s in shape) * dtype.itemsize
+
+
+def load_npz(path: str, max_bytes: int, what: str = "this file") -> dict[str, np.ndarray]:
+    """The ``.npy`` arrays of the ``.npz`` at ``path`` (other members are ignored), read
+    with ``allow_pickle=False``; ValueError before allocating them when the file or its
+    members add up to more than ``max_bytes``, or a ``.npy`` header claims more data than
+    its member holds."""
+    size = os.path.getsize(path)
+    if size > max_bytes:
+        raise _too_big(path, size, max_bytes, what)
+    try:
+        with zipfile.ZipFile(path) as zf:
+            members = [i for i in zf.infolist() if i.filename.endswith(".npy")]
+            declared = sum(i.file_size for i in members)
+            if declared > max_bytes:
+                raise _too_big(f"{path} (uncompressed)", declared, max_bytes, what)
+            for info in members:
+                with zf.open(info) as fh:
+                    nbytes = _npy_nbytes(fh, f"{path}: {info.filename}")
+                if nbytes > info.file_size:  # numpy would allocate it all, then fail
+                    raise _Refused(f"{path}: the header of {info.filename} claims {nbytes:,} "
+                                   f"bytes of data, the member holds {info.file_size:,}")
+            out = {}
+            for info in members:
+                with zf.open(info) as fh:
+                    out[info.filename[: -len(".npy")]] = np.lib.format.read_array(
+                        fh, allow_pickle=False)
+            return out
+    except _Refused:
+        raise
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, zlib.error) as exc:
+        raise ValueError(f"{path}: unreadable .npz ({type(exc).__name__}: {exc})") from None
+
+
+class _NdarrayName:
+    """Stands for ``numpy.ndarray`` in a pickle: only ``_reconstruct`` may use it (calling
+    ``ndarray(shape)`` itself would allocate whatever shape the pickle names)."""
+
+    def __new__(cls, *args, **kwargs):
+        raise pickle.UnpicklingError("numpy.ndarray may only be used to rebuild a pickled array")
+
+
+class _PickledArray:
+    """What ``_reconstruct`` gives: its ``__setstate__`` checks numpy's array state (shape,
+    dtype, Fortran order, raw bytes) and views the bytes with ``np.frombuffer``.  numpy's
+    own ``ndarray.__setstate__`` is never run: it allocates whatever shape the state names
+    and, for an object dtype, reads past a short list (a crash).  :func:`unpickle` replaces
+    each top-level one by its ``array`` (read-only, backed by the pickled bytes)."""
+
+    __slots__ = ("array",)
+
+    def __setstate__(self, state):
+        if not isinstance(state, tuple) or len(state) not in (4, 5):
+            raise pickle.UnpicklingError("not a numpy array state")
+        shape, dtype, fortran, raw = state[-4:]
+        if not isinstance(dtype, np.dtype) or dtype.hasobject:
+            raise pickle.UnpicklingError("only arrays of plain (non-object) dtypes are allowed")
+        if not isinstance(shape, tuple) or not all(type(s) is int and s >= 0 for s in shape):
+            raise pickle.UnpicklingError(f"bad array shape {shape!r}")
+        if isinstance(raw, str):  # Python-2 pickles: bytes read as Latin-1 text
+            raw = raw.encode("latin1")
+        if not isinstance(raw, (bytes, bytearray)):
+            raise pickle.UnpicklingError(f"array data must be bytes, got {type(raw).__name__}")
+        if len(raw) != math.prod(shape) * dtype.itemsize:
+            raise pickle.UnpicklingError(f"array data of {len(raw):,} bytes does not match "
+                                         f"shape {shape} of {dtype}")
+        flat = np.frombuffer(raw, dtype=dtype) if raw else np.zeros(0, dtype)
+        self.array = flat.reshape(shape, order="F" if fortran else "C")
+
+
+def _reconstruct(subtype, shape, dtype):
+    """numpy's ``_reconstruct``: the empty placeholder numpy pickles before the data."""
+    if subtype is not _NdarrayName:
+        raise pickle.UnpicklingError("_reconstruct may only rebuild a numpy.ndarray")
+    if not isinstance(shape, tuple) or not all(type(s) is int and s >= 0 for s in shape) \
+            or math.prod(shape) != 0:
+        raise pickle.UnpicklingError(f"_reconstruct of a non-empty shape {shape!r} is not allowed "
+                                     "(numpy pickles an empty placeholder, then the data)")
+    return _PickledArray()
+
+
+def _dtype(*args):
+    """``numpy.dtype``, for plain (non-object) dtypes only."""
+    dtype = np.dtype(*args)
+    if dtype.hasobject:
+        raise pickle.UnpicklingError("object dtypes are not allowed")
+    return dtype
+
+
+def _encode(text, encoding="utf-8", errors="strict"):
+    """``_codecs.encode`` as Python 3 pickles bytes at protocol 2: Latin-1 only."""
+    if not isinstance(text, str) or str(encoding).lower().replace("-", "").replace("_", "") \
+            not in ("latin1", "iso88591"):
+        raise pickle.UnpicklingError("_codecs.encode is allowed for Latin-1 text only")
+    return text.encode("latin1")
+
+
+def _reconstructor(cls, base, state):
+    """``copyreg._reconstructor`` for plain objects only (``base.__new__`` could allocate)."""
+    if base is not object:
+        raise pickle.UnpicklingError("copyreg._reconstructor is allowed for plain objects only")
+    return copyreg._reconstructor(cls, base, state)
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """Unpickles dicts / lists / numpy arrays only (the CIFAR and ImageNet32 files)."""
+
+    @staticmethod
+    def _allowed():
+        from numpy._core.multiarray import scalar
+        from numpy._core.numeric import _frombuffer
+
+        return {
+            ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
+            ("numpy._core.multiarray", "scalar"): scalar,  # checks the bytes fill the dtype
+            ("numpy._core.numeric", "_frombuffer"): _frombuffer,  # a view of pickled bytes, no objects
+            ("numpy", "ndarray"): _NdarrayName,
+            ("numpy", "dtype"): _dtype,
+            ("_codecs", "encode"): _encode,
+            ("copyreg", "_reconstructor"): _reconstructor,
+            ("builtins", "object"): object,
+        }
+
+    def find_class(self, module: str, name: str):
+        module = {"copy_reg": "copyreg", "__builtin__": "builtins"}.get(module, module)
+        if module.startswith("numpy.core"):  # files written with numpy < 2
+            module = "numpy._core" + module[len("numpy.core"):]
+        try:
+            return self._allowed()[(module, name)]
+        except KeyError:
+            raise pickle.UnpicklingError(f"global {module}.{name} is not allowed") from None
+
+
+def unpickle(raw: bytes, where: str) -> dict:
+    """The dict pickled in ``raw`` (bytes keys decoded); ValueError naming ``where`` if not."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            obj = _RestrictedUnpickler(io.BytesIO(raw), encoding="latin1").load()
+    except Exception as exc:  # noqa: BLE001 - any failure means a bad file
+        raise ValueError(f"{where}: not a readable pickle of a dict with 'data' and labels "
+                         f"({type(exc).__name__}: {exc})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: expected a pickled dict, got {type(obj).__name__}")
+    out = {}
+    for k, v in obj.items():
+        if isinstance(v, _PickledArray):
+            if not hasattr(v, "array"):
+                raise ValueError(f"{where}: not a readable pickle: array {k!r} without its data")
+            v = v.array
+        out[k.decode("latin1") if isinstance(k, bytes) else k] = v
+    return out
