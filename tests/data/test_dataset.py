@@ -65,3 +65,15 @@ def test_take_keeps_info_labels_and_epochs(digits_train):
     with pytest.raises(ValueError, match=">= 1"):
         take(digits_train, 0)
     digits_train.set_epoch(0)
+
+
+def test_collate_refuses_float_labels_instead_of_truncating():
+    import pytest
+    import torch
+
+    from petra_hub.data import collate_image_batch
+
+    item = {"pixel_values": torch.zeros(3, 4, 4)}
+    with pytest.raises(ValueError, match="labels must be integers"):
+        collate_image_batch([{**item, "labels": 2.7}, {**item, "labels": 1.0}])
+    assert collate_image_batch([{**item, "labels": 2}])["labels"].tolist() == [2]

@@ -169,9 +169,12 @@ def collate_image_batch(items: Sequence[dict]) -> dict[str, torch.Tensor]:
     """Stack items into ``{"pixel_values": [B, C, H, W] float32, "labels": [B] int64}``."""
     if not items:
         raise ValueError("collate_image_batch needs at least one item")
+    labels = torch.as_tensor([it["labels"] for it in items])
+    if labels.is_floating_point() or labels.dtype == torch.bool:
+        raise ValueError(f"labels must be integers, got {labels[:4].tolist()}: class labels are never truncated")
     return {
         "pixel_values": torch.stack([torch.as_tensor(it["pixel_values"]) for it in items]),
-        "labels": torch.as_tensor([int(it["labels"]) for it in items], dtype=torch.int64),
+        "labels": labels.to(torch.int64).reshape(-1),
     }
 
 
