@@ -1,4 +1,9 @@
-"""Errors the engine raises instead of hanging or silently dropping work."""
+"""Errors the engine raises instead of hanging or silently dropping work, and the broken state after one."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
 
 
 class PipelineError(RuntimeError):
@@ -6,8 +11,35 @@ class PipelineError(RuntimeError):
 
 
 class PeerFailureError(PipelineError):
-    """A neighbouring rank died, stalled past the timeout, or reported an error."""
+    """A neighbouring rank died, stalled past the timeout, reported an error, or is out of step with this one."""
 
 
 class StageMismatchError(PipelineError):
-    """Two neighbouring stages disagree on the shape or dtype of the activations between them."""
+    """Two neighbouring stages (or ranks) disagree on the shape, dtype or batch size of the activations between them."""
+
+
+class Breaker:
+    """Remembers the first failure inside a pipeline operation. An operation that fails may stop half-way through
+    a tick (some stages ran, some messages went out), so the pipeline cannot go on: every later operation raises a
+    PipelineError naming the tick and chaining the original error."""
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None
+        self.tick: int | None = None
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise PipelineError(
+                f"the pipeline is broken since tick {self.tick}: {type(self.error).__name__}: {self.error}"
+            ) from self.error
+
+    @contextlib.contextmanager
+    def guard(self, tick: Callable[[], int]) -> Iterator[None]:
+        """Raise if already broken; mark broken at `tick()` if the block raises."""
+        self.check()
+        try:
+            yield
+        except BaseException as error:
+            if self.error is None:
+                self.error, self.tick = error, tick()
+            raise

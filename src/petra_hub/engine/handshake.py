@@ -8,7 +8,8 @@ import torch.distributed as dist
 from torch import nn
 
 from .batchnorm import frozen_running_stats
-from .errors import StageMismatchError
+from .errors import PeerFailureError, PipelineError, StageMismatchError
+from .randomness import preserved
 from .routing import Router, empty_like_spec
 from .tensors import Activation, as_tuple
 from .transport import ActivationSpec
@@ -39,7 +40,22 @@ def handshake(
     device: torch.device | None,
 ) -> None:
     """Fill `router.specs`, checking every stage of this rank against what its predecessor produces. `settings`
-    (what must agree across ranks: stages, mode, k, partition) is compared over `group` when distributed."""
+    (what must agree across ranks: stages, mode, k, partition) is compared over `group` when distributed. A
+    collective that fails (a peer died) becomes a PeerFailureError."""
+    try:
+        _handshake(input_spec, stages, router, settings, group, global_ranks, device)
+    except PipelineError:
+        raise
+    except Exception as error:  # gloo's bare RuntimeError (DistBackendError) when a peer is gone
+        if global_ranks is None:
+            raise
+        raise PeerFailureError(
+            f"{router.transport.describe(router.rank)} could not complete the start-up handshake: a peer process "
+            f"died, stalled or failed ({type(error).__name__}: {error})"
+        ) from error
+
+
+def _handshake(input_spec, stages, router, settings, group, global_ranks, device) -> None:
     distributed = global_ranks is not None
     if distributed:
         everyone = [None] * dist.get_world_size(group)
@@ -68,8 +84,9 @@ def handshake(
 def dry_run(
     stages: list[nn.Module], local: range, spec: ActivationSpec, specs: dict[int, ActivationSpec], device
 ) -> tuple[ActivationSpec | None, str | None]:
-    """Run the `local` stages on a zero batch of `spec` without changing any state; record each output spec in
-    `specs`. Returns (the last output spec, None) or (None, a description of the first mismatch)."""
+    """Run the `local` stages on a zero batch of `spec` without changing any state (running statistics and the
+    random generators included); record each output spec in `specs`. Returns (the last output spec, None) or
+    (None, a description of the first mismatch)."""
     value = empty_like_spec(spec, 2, device or torch.device("cpu"))
     for index in local:
         stage = stages[index]
@@ -79,7 +96,7 @@ def dry_run(
         if dtypes and spec.dtype not in dtypes:
             return None, f"{here} has {sorted(map(str, dtypes))} parameters but {previous} gives {spec.describe()}"
         try:
-            with torch.no_grad(), frozen_running_stats(stage):
+            with torch.no_grad(), frozen_running_stats(stage), preserved(as_tuple(value)[0].device):
                 value = stage(value)
         except Exception as error:  # any failure here is a mismatch between the two stages
             return None, f"{here} cannot take the output of {previous}, {spec.describe()}: {error}"

@@ -9,7 +9,8 @@ one-process simulator.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -17,15 +18,17 @@ import torch.distributed as dist
 from torch import nn
 
 from .accounting import MemoryStats, StageCounters
-from .errors import PipelineError
+from .collectives import average_buffers, average_gradients, gather_stages
+from .errors import Breaker, PipelineError
 from .handshake import check_same_spec, handshake, input_spec_of
 from .modes import Mode
 from .placement import Placement, Replicas, split_replicas
+from .protocol import DRAIN, GATHER, INFER, STEP, Moment
 from .routing import Router
 from .schedule import Schedule
 from .tensors import Activation, as_tuple, to_device
-from .transport import ActivationSpec, NeighbourTransport, Outgoing
-from .worker import StageWorker, UpdateHook
+from .transport import ActivationSpec, NeighbourTransport
+from .worker import StageWorker, UpdateHook, run_stage
 
 OptimizerFactory = Callable[[int, nn.Module], torch.optim.Optimizer | None]
 SchedulerFactory = Callable[[int, torch.optim.Optimizer], Any]
@@ -57,7 +60,9 @@ class Pipeline:
             clipping). Stages update at different ticks, so each clips its own gradient: there is no global norm.
 
     Every rank calls `step` with the same micro-batches in the same order (rank 0 uses the inputs, the rank of
-    the last stage uses the targets), and `end_group` and `drain` at the same points.
+    the last stage uses the targets), and `end_group` and `drain` at the same points. An exception inside an
+    operation (a loss that raises, a peer that fails) breaks the pipeline: later operations raise a PipelineError
+    chaining it.
     """
 
     def __init__(
@@ -139,7 +144,7 @@ class Pipeline:
                 optimizer=optimizer,
                 scheduler=scheduler,
                 on_update=on_update,
-                reduce_gradients=self._average_over_replicas if self.replicas is not None else None,
+                reduce_gradients=self._average_gradients if self.replicas is not None else None,
                 max_grad_norm=max_grad_norm,
             )
         reconstructs = [self.mode.reconstructs and bool(getattr(s, "reversible", False)) for s in self.stages]
@@ -151,6 +156,7 @@ class Pipeline:
         self._fed_in_group = 0
         self._targets: dict[int, Any] = {}
         self._input_spec: ActivationSpec | None = None
+        self._breaker = Breaker()
 
     # -- public API ---------------------------------------------------------------------------------------------------
     @property
@@ -195,7 +201,10 @@ class Pipeline:
 
         Returns the (micro_batch, loss) pairs that the last stage finished on this rank during these ticks.
         """
-        self._check_inputs(inputs)
+        with self._guard(inputs):
+            return self._step(inputs, targets)
+
+    def _step(self, inputs: Activation, targets: Any) -> list[tuple[int, torch.Tensor]]:
         micro_batch = self.fed
         self.fed += 1
         self.router.batch_sizes[micro_batch] = as_tuple(inputs)[0].shape[0]
@@ -208,12 +217,13 @@ class Pipeline:
             self._fed_in_group = 0
         losses = []
         for _ in range(self.schedule.ticks_per_micro_batch):
-            losses.extend(self._run_tick())
+            losses.extend(self._run_tick(STEP))
         return losses
 
     def end_group(self) -> None:
         """Close the open accumulation group after the last micro-batch fed: every stage applies it (averaged over
         its size) right after that micro-batch's backward, without waiting for k. Nothing to do if none is open."""
+        self._breaker.check()
         if not self._fed_in_group:
             return
         for worker in self.workers.values():
@@ -222,15 +232,19 @@ class Pipeline:
 
     def drain(self) -> list[tuple[int, torch.Tensor]]:
         """Run ticks until every micro-batch fed has been backpropagated at every stage; apply partial groups."""
+        with self._guard():
+            return self._drain()
+
+    def _drain(self) -> list[tuple[int, torch.Tensor]]:
         losses = []
         if self.undrained:
             last_tick = self._origin[0] + self.schedule.backward_tick(self.undrained - 1, 0)
             while self.tick <= last_tick:
-                losses.extend(self._run_tick())
+                losses.extend(self._run_tick(DRAIN))
         for worker in self.workers.values():
             worker.maybe_update(flush=True)
         if self.replicas is not None:
-            self._average_buffers_over_replicas()
+            average_buffers([self.stages[i] for i in self.local], self.replicas.peer_group, self.data_parallel_size)
         self._origin = (self.tick, self.fed)
         self._fed_in_group = 0
         leftovers = self.router.leftovers() + list(self._targets)
@@ -243,48 +257,40 @@ class Pipeline:
     def infer(self, inputs: Activation) -> Any:
         """Forward one batch through all stages in eval mode (running statistics), without touching training
         state. Every rank passes the same `inputs`; the rank of the last stage gets the outputs, others None."""
-        self._check_inputs(inputs)
-        batch = as_tuple(inputs)[0].shape[0]
-        modes = {index: self.stages[index].training for index in self.local}
-        try:
-            if self.local.start == 0:
-                value = to_device(inputs, self.device)
-            else:
-                value = self.router.receive_for_inference(batch, self.tick)
-            for index in self.local:
-                self.stages[index].eval()
-                value = self.stages[index](value)
-            if self.local.stop < self.num_stages:
-                self.router.send_for_inference(value, self.tick)
-                return None
-            return value
-        finally:
-            for index, training in modes.items():
-                self.stages[index].train(training)
+        with self._guard(inputs):
+            batch = as_tuple(inputs)[0].shape[0]
+            modes = {index: self.stages[index].training for index in self.local}
+            try:
+                if self.local.start == 0:
+                    value = to_device(inputs, self.device)
+                else:
+                    value = self.router.receive_for_inference(batch, self._moment(INFER))
+                for index in self.local:
+                    self.stages[index].eval()
+                    value = self.stages[index](value)
+                if self.local.stop < self.num_stages:
+                    self.router.send_for_inference(value, batch, self._moment(INFER))
+                    return None
+                return value
+            finally:
+                for index, training in modes.items():
+                    self.stages[index].train(training)
 
     def gather_stages(self, dst: int | None = 0) -> None:
         """Copy every stage's trained parameters and buffers onto the stage modules of pipeline rank `dst` (in
         every replica; replicas are identical), for saving; with `dst=None`, onto every rank (so that each rank
-        holds the whole trained model)."""
-        if not self.distributed:
-            return
-        local = {i: {k: v.detach().cpu() for k, v in self.stages[i].state_dict().items()} for i in self.local}
-        if dst is None:
-            gathered = [None] * dist.get_world_size(self.group)
-            dist.all_gather_object(gathered, local, group=self.group)
-        else:
-            gathered = [None] * dist.get_world_size(self.group) if self.rank == dst else None
-            dist.gather_object(local, gathered, dst=self._global_ranks[dst], group=self.group)
-        if gathered is not None:
-            for states in gathered:
-                for index, state in states.items():
-                    if index not in self.local:
-                        self.stages[index].load_state_dict(state)
+        holds the whole trained model). The ranks first confirm to each other that they all gather here."""
+        with self._guard():
+            if self.distributed:
+                self.router.agree(self._moment(GATHER, extra=-1 if dst is None else dst))
+                describe = self.placement.describe
+                gather_stages(self.stages, self.local, self.rank, dst, self.group, self._global_ranks, describe)
 
     def state_dict(self) -> dict[int, dict[str, Any]]:
         """This rank's optimizer and LR-scheduler states, keyed by stage index (the weights live in the stages).
         Keyed by stage, so a run may resume on a different number of processes with the same stages. Take it
         after a `drain`: in-flight micro-batches are not part of it."""
+        self._breaker.check()
         if self.undrained:
             raise PipelineError("state_dict() needs a drained pipeline: call drain() first")
         return {
@@ -328,70 +334,44 @@ class Pipeline:
         return {index: worker.in_flight for index, worker in self.workers.items()}
 
     # -- one tick -----------------------------------------------------------------------------------------------------
-    def _run_tick(self) -> list[tuple[int, torch.Tensor]]:
-        start_tick, first = self._origin
-        tick, fed = self.tick - start_tick, self.fed - first
+    def _run_tick(self, kind: int) -> list[tuple[int, torch.Tensor]]:
+        moment = self._moment(kind)
+        headers = self.router.post_headers(moment) if self.distributed else None  # they travel during the work
         losses, outgoing = [], []
         for index in self.local:
-            losses.extend(self._run_stage(index, tick, fed, first, outgoing))
+            forward = self.schedule.forward_at(index, moment.tick, moment.fed)
+            backward = self.schedule.backward_at(index, moment.tick, moment.fed)
+            forward, backward = (None if b is None else b + moment.first for b in (forward, backward))
+            losses.extend(run_stage(self.workers[index], self.router, forward, backward, self._targets, self.loss_fn,
+                                    outgoing))
         if self.distributed:
-            self.router.exchange(outgoing, tick, fed, first, self.tick)
+            self.router.exchange(outgoing, moment, headers)
         self.tick += 1
         return losses
 
-    def _run_stage(self, index: int, tick: int, fed: int, first: int, outgoing: list[Outgoing]) -> list:
-        worker, router, losses = self.workers[index], self.router, []
-        forward = self.schedule.forward_at(index, tick, fed)
-        backward = self.schedule.backward_at(index, tick, fed)
-        if worker.is_last:
-            if forward is not None:
-                micro_batch = forward + first
-                inputs = router.forward_input(index, micro_batch)
-                targets = self._targets.pop(micro_batch)
-                loss, x, grad = worker.forward_backward_last(micro_batch, inputs, targets, self.loss_fn)
-                losses.append((micro_batch, loss))
-                router.send_backward(index, micro_batch, x, grad, outgoing)
-        else:
-            if forward is not None:
-                micro_batch = forward + first
-                outputs = worker.forward(micro_batch, router.forward_input(index, micro_batch))
-                router.send_forward(index, micro_batch, outputs, outgoing)
-            if backward is not None:
-                micro_batch = backward + first
-                outputs, grad_outputs = router.backward_input(index, micro_batch)
-                x, grad = worker.backward(micro_batch, grad_outputs, outputs)
-                router.send_backward(index, micro_batch, x, grad, outgoing)
-        worker.maybe_update()
-        return losses
+    def _moment(self, kind: int, extra: int = 0) -> Moment:
+        start_tick, first = self._origin
+        return Moment(kind, self.tick, self.tick - start_tick, self.fed - first, first, self._fed_in_group, extra)
 
-    def _check_inputs(self, inputs: Activation) -> None:
-        spec = input_spec_of(inputs)
-        if self._input_spec is None:  # the first micro-batch: learn and check every boundary's shape
-            handshake(spec, self.stages, self.router, self._settings(), self.group, self._global_ranks, self.device)
-            self._input_spec = spec
-        check_same_spec(spec, self._input_spec)
+    @contextlib.contextmanager
+    def _guard(self, inputs: Activation | None = None) -> Iterator[None]:
+        """Check `inputs` (a ValueError changes nothing), run the start-up handshake on the first ones, then the
+        block; any exception from the handshake on marks the pipeline broken."""
+        self._breaker.check()
+        spec = input_spec_of(inputs) if inputs is not None else None
+        if spec is not None and self._input_spec is not None:
+            check_same_spec(spec, self._input_spec)
+        with self._breaker.guard(lambda: self.tick):
+            if spec is not None and self._input_spec is None:  # the first micro-batch: learn every boundary's shape
+                settings = self._settings()
+                handshake(spec, self.stages, self.router, settings, self.group, self._global_ranks, self.device)
+                self._input_spec = spec
+            yield
 
     # -- replicas -------------------------------------------------------------------------------------------------------
     def _settings(self) -> tuple:
         """What every rank of the pipeline must agree on."""
         return (self.num_stages, self.mode.value, self.accumulation_steps, [len(g) for g in self.placement.groups])
 
-    def _average_over_replicas(self, params: list[nn.Parameter]) -> None:
-        grads = [p.grad for p in params if p.grad is not None]
-        if not grads:
-            return
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=self.replicas.peer_group)
-        flat /= self.data_parallel_size
-        offset = 0
-        for grad in grads:
-            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
-            offset += grad.numel()
-
-    def _average_buffers_over_replicas(self) -> None:
-        """Replicas see different data, so their batch-norm running statistics differ: after a drain (before any
-        evaluation or save) every replica takes their average, so all replicas hold the same model."""
-        for index in self.local:
-            for buffer in (b for b in self.stages[index].buffers() if b.is_floating_point()):
-                dist.all_reduce(buffer, group=self.replicas.peer_group)
-                buffer /= self.data_parallel_size
+    def _average_gradients(self, params: list[nn.Parameter]) -> None:
+        average_gradients(params, self.replicas.peer_group, self.data_parallel_size)

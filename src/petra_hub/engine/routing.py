@@ -1,8 +1,9 @@
 """Where each tick's messages go: an in-process mailbox between stages of one rank, the transport between ranks.
 
-Messages carry no headers: both ends derive from the schedule which micro-batch flows at each tick, and from the
-start-up handshake the shape of each boundary (`specs`). A stage gets its own output back (with the gradient)
-only when it rebuilds its input from it.
+Both ends derive from the schedule which micro-batch flows at each tick, and from the start-up handshake the shape
+of each boundary (`specs`). Before the payloads, neighbouring ranks swap a fixed-size header (`protocol`) that
+confirms they agree on all of it, batch sizes included. A stage gets its own output back (with the gradient) only
+when it rebuilds its input from it.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from typing import Any
 
 import torch
 
+from .protocol import HEADER_LENGTH, Header, Moment, check, header_for
 from .schedule import Schedule
 from .tensors import Activation
-from .transport import ActivationSpec, Incoming, NeighbourTransport, Outgoing, flatten
+from .transport import ActivationSpec, Incoming, NeighbourTransport, Outgoing, Posted, flatten
 
-FORWARD_TAG, BACKWARD_TAG, INFER_TAG = 1, 2, 3
+FORWARD_TAG, BACKWARD_TAG, INFER_TAG, HEADER_TAG = 1, 2, 3, 4
 
 
 class Router:
@@ -73,9 +75,14 @@ class Router:
         return [key for key, box in self._mail.items() if box]
 
     # -- between ranks ------------------------------------------------------------------------------------------------
-    def exchange(self, outgoing: list[Outgoing], tick: int, fed: int, first: int, global_tick: int) -> None:
-        """Swap this tick's messages with the neighbouring ranks and file what arrives for the next tick. `tick` and
-        `fed` count from the schedule's origin, where micro-batch `first` entered."""
+    def exchange(self, outgoing: list[Outgoing], moment: Moment, headers: Posted | None = None) -> None:
+        """Swap this tick's headers (those `post_headers` started at the start of the tick, so that they travel
+        during its computation), then its messages, with the neighbouring ranks, and file what arrives for the next
+        tick. `moment.tick` and `moment.fed` count from the schedule's origin, where micro-batch `moment.first`
+        entered. The whole exchange is bounded by one timeout."""
+        deadline = self.transport.deadline()
+        self.agree(moment, deadline=deadline, headers=headers)
+        tick, fed, first = moment.tick, moment.fed, moment.first
         incoming, arrivals = [], []
         if self.local.start > 0:
             source = self.local.start - 1
@@ -96,7 +103,7 @@ class Router:
                 copies = 2 if self.reconstructs[source - 1] else 1
                 incoming.append(Incoming(self.rank + 1, BACKWARD_TAG, copies * spec.numel(batch), spec.dtype, "gradients"))
                 arrivals.append(("backward", micro_batch, batch))
-        buffers = self.transport.exchange(self.rank, outgoing, incoming, global_tick)
+        buffers = self.transport.exchange(self.rank, outgoing, incoming, moment.global_tick, deadline)
         for (kind, micro_batch, batch), buffer in zip(arrivals, buffers):
             if kind == "forward":
                 first_local = self.local.start
@@ -111,15 +118,58 @@ class Router:
                     payload = (None, spec.unflatten(buffer, batch))
                 self._mail[(last, "backward")][micro_batch] = payload
 
-    def receive_for_inference(self, batch: int, global_tick: int) -> Activation:
-        source = self.local.start - 1
-        spec = self.specs[source]
+    def post_headers(self, moment: Moment, sides: str = "both", batch: int | None = None) -> Posted:
+        """Start swapping headers with the neighbouring ranks (`sides`: "both", "left" or "right"); `agree` ends it.
+        `batch`: the inference batch."""
+        device = self.transport.device
+        mine = {
+            peer: header_for(moment, self._boundary(peer), self.schedule, self.batch_sizes, batch)
+            for peer in self._neighbours(sides)
+        }
+        outgoing = [Outgoing(peer, HEADER_TAG, header.tensor(device), "the header") for peer, header in mine.items()]
+        incoming = [Incoming(peer, HEADER_TAG, HEADER_LENGTH, torch.int64, "the header") for peer in mine]
+        posted = self.transport.post(outgoing, incoming)
+        posted.headers = mine
+        return posted
+
+    def agree(self, moment: Moment, sides: str = "both", batch: int | None = None, deadline: float | None = None,
+              headers: Posted | None = None) -> None:
+        """Swap headers with the neighbouring ranks (or finish `headers`, already posted) and check that each pair
+        agrees; a disagreement raises the same error on both ranks of the pair."""
+        headers = headers if headers is not None else self.post_headers(moment, sides, batch)
+        buffers = self.transport.wait(headers, self.rank, moment.global_tick, deadline)
+        for (peer, mine), buffer in zip(headers.headers.items(), buffers):
+            theirs = Header.parse(buffer)
+            if peer < self.rank:
+                check(theirs, mine, peer, self.transport.describe)
+            else:
+                check(mine, theirs, self.rank, self.transport.describe)
+
+    def _neighbours(self, sides: str) -> list[int]:
+        neighbours = []
+        if sides in ("both", "left") and self.local.start > 0:
+            neighbours.append(self.rank - 1)
+        if sides in ("both", "right") and self.local.stop < self.num_stages:
+            neighbours.append(self.rank + 1)
+        return neighbours
+
+    def _boundary(self, peer: int) -> int:
+        """The stage on the left of the boundary with neighbouring rank `peer`."""
+        return (self.local.start if peer < self.rank else self.local.stop) - 1
+
+    def receive_for_inference(self, batch: int, moment: Moment) -> Activation:
+        deadline = self.transport.deadline()
+        self.agree(moment, "left", batch, deadline)
+        spec = self.specs[self.local.start - 1]
         message = Incoming(self.rank - 1, INFER_TAG, spec.numel(batch), spec.dtype, "activations")
-        (buffer,) = self.transport.exchange(self.rank, [], [message], global_tick)
+        (buffer,) = self.transport.exchange(self.rank, [], [message], moment.global_tick, deadline)
         return spec.unflatten(buffer, batch)
 
-    def send_for_inference(self, value: Activation, global_tick: int) -> None:
-        self.transport.exchange(self.rank, [Outgoing(self.rank + 1, INFER_TAG, flatten([value]))], [], global_tick)
+    def send_for_inference(self, value: Activation, batch: int, moment: Moment) -> None:
+        deadline = self.transport.deadline()
+        self.agree(moment, "right", batch, deadline)
+        message = Outgoing(self.rank + 1, INFER_TAG, flatten([value]))
+        self.transport.exchange(self.rank, [message], [], moment.global_tick, deadline)
 
 
 def empty_like_spec(spec: ActivationSpec, batch: int, device: torch.device) -> Activation:

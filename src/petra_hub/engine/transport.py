@@ -1,8 +1,10 @@
 """Point-to-point messages between neighbouring pipeline ranks over torch.distributed, with timeouts.
 
-Every message is one flat buffer: the tensors of an activation (and its gradient) concatenated. Both sides know
-from the schedule which messages flow at each tick and from the start-up handshake what shape they have, so no
-headers travel. Every wait is bounded: a dead or stalled peer becomes a PeerFailureError naming both ranks.
+Every payload is one flat buffer: the tensors of an activation (and its gradient) concatenated. Its size follows
+from the schedule, the handshake's shapes and the batch size, all of which the two ranks have first confirmed to
+each other in a fixed-size header (`protocol`). Every exchange is bounded in total by the timeout: it gets one
+deadline, and each wait gets what is left of it. A dead or stalled peer becomes a PeerFailureError naming both
+ranks.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import datetime
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -72,6 +74,7 @@ class Outgoing:
     peer: int
     tag: int
     buffer: torch.Tensor
+    what: str = "activations"  # for error messages
 
 
 @dataclass
@@ -81,6 +84,15 @@ class Incoming:
     numel: int
     dtype: torch.dtype
     what: str  # for error messages
+
+
+@dataclass
+class Posted:
+    """Messages started by `NeighbourTransport.post`."""
+
+    works: list
+    buffers: list[torch.Tensor]
+    headers: dict = field(default_factory=dict)  # the headers sent, by neighbour (for `Router.agree`)
 
 
 class NeighbourTransport:
@@ -96,41 +108,64 @@ class NeighbourTransport:
     ):
         self.global_ranks = global_ranks  # pipeline position -> global rank
         self.group = group
-        self.timeout = datetime.timedelta(seconds=timeout)
+        self.timeout = timeout
         self.describe = describe
         self.device = device
         self.seconds = 0.0  # wall time spent in exchanges, waiting for the neighbours included
 
-    def exchange(self, position: int, outgoing: list[Outgoing], incoming: list[Incoming], tick: int) -> list[torch.Tensor]:
-        start = time.perf_counter()
-        try:
-            return self._exchange(position, outgoing, incoming, tick)
-        finally:
-            self.seconds += time.perf_counter() - start
+    def deadline(self) -> float:
+        """The `time.monotonic()` by which an exchange starting now must be over."""
+        return time.monotonic() + self.timeout
 
-    def _exchange(self, position: int, outgoing: list[Outgoing], incoming: list[Incoming], tick: int) -> list[torch.Tensor]:
+    def exchange(
+        self,
+        position: int,
+        outgoing: list[Outgoing],
+        incoming: list[Incoming],
+        tick: int,
+        deadline: float | None = None,
+    ) -> list[torch.Tensor]:
+        """Post the receives, then the sends, and wait for all of them until `deadline` (default: timeout from
+        now); returns the received buffers."""
+        return self.wait(self.post(outgoing, incoming), position, tick, deadline)
+
+    def post(self, outgoing: list[Outgoing], incoming: list[Incoming]) -> "Posted":
+        """Start the receives, then the sends (in a fixed order: every rank posts the same pattern); `wait` ends
+        them."""
+        start = time.perf_counter()
         buffers = [torch.empty(m.numel, dtype=m.dtype, device=self.device) for m in incoming]
         works = []
-        # Receives first, then sends, in a fixed order: every rank posts the same pattern.
         for message, buffer in zip(incoming, buffers):
             works.append((message, dist.irecv(buffer, src=self.global_ranks[message.peer], group=self.group, tag=message.tag)))
         for message in outgoing:
             works.append((message, dist.isend(message.buffer, dst=self.global_ranks[message.peer], group=self.group, tag=message.tag)))
-        for message, work in works:
-            self._wait(position, message, work, tick)
-        return buffers
+        self.seconds += time.perf_counter() - start
+        return Posted(works, buffers)
 
-    def _wait(self, position: int, message, work, tick: int) -> None:
-        action = f"receive {message.what} from" if isinstance(message, Incoming) else "send to"
+    def wait(self, posted: "Posted", position: int, tick: int, deadline: float | None = None) -> list[torch.Tensor]:
+        """Wait for every message of `posted` until `deadline` (default: timeout from now); the received buffers."""
+        start = time.perf_counter()
+        deadline = self.deadline() if deadline is None else deadline
         try:
-            completed = work.wait(self.timeout)
-        except Exception as error:  # gloo raises when the peer's connection closes
+            for message, work in posted.works:
+                self._wait(position, message, work, tick, deadline)
+            return posted.buffers
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    def _wait(self, position: int, message, work, tick: int, deadline: float) -> None:
+        action = f"receive {message.what} from" if isinstance(message, Incoming) else f"send {message.what} to"
+        # What is left of the exchange's time (at least a millisecond, to collect a message already there).
+        left = datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.001))
+        try:
+            completed = work.wait(left)
+        except Exception as error:  # gloo raises on a timeout and when the peer's connection closes
             raise self._failure(position, message.peer, action, tick, f"{type(error).__name__}: {error}") from error
         if completed is False:
             raise self._failure(position, message.peer, action, tick, "timed out")
 
     def _failure(self, position: int, peer: int, action: str, tick: int, reason: str) -> PeerFailureError:
-        seconds = self.timeout.total_seconds()
+        seconds = self.timeout
         return PeerFailureError(
             f"{self.describe(position)} could not {action} {self.describe(peer)} at tick {tick} within "
             f"{seconds:g}s: the peer process died, stalled or failed ({reason})"

@@ -15,6 +15,7 @@ from .batchnorm import frozen_running_stats
 from .errors import PipelineError
 from .accounting import MemoryStats, StageCounters, nbytes, recording_saved_tensors
 from .modes import Mode
+from .randomness import RngState, capture, drawn_since, replaying, units
 from .tensors import Activation, as_tuple, detached, like
 
 UpdateHook = Callable[[int, list[int], nn.Module], None]
@@ -43,6 +44,8 @@ class _Pending:
     outputs: Activation | None = None  # output with its graph (backprop)
     saved: list[torch.Tensor] = field(default_factory=list)  # tensors the graph saved (backprop)
     weights: list[torch.Tensor] | None = None  # stashed weights (weight-stashing modes)
+    rng: RngState | None = None  # the RNG state before the forward, if it drew random numbers (recomputing modes)
+    unit_rngs: list[RngState | None] | None = None  # the same per member of a reversible StageGroup
 
     def tensors(self) -> list[torch.Tensor]:
         held = list(self.saved)
@@ -74,6 +77,9 @@ class StageWorker:
     Batch-norm policy: every training-time evaluation normalises with batch statistics; running statistics are
     updated once per micro-batch, by the evaluation whose graph is backpropagated (the recomputation in the
     backward, or the forward itself in `backprop` mode and at the last stage).
+
+    Randomness: every later evaluation of a micro-batch (recomputation, inversion) replays the RNG state of its
+    forward, so it draws the same dropout mask (see `randomness`).
     """
 
     def __init__(
@@ -105,6 +111,7 @@ class StageWorker:
         self.reduce_gradients = reduce_gradients
         self.max_grad_norm = max_grad_norm
         self.params = [p for p in stage.parameters() if p.requires_grad]
+        self.units = units(stage) if self.reconstructs else [stage]
         self.counters = StageCounters()
         self.group: list[int] = []  # micro-batches whose gradients are accumulated and not yet applied
         self._pending: dict[int, _Pending] = {}
@@ -126,7 +133,7 @@ class StageWorker:
             outputs = detached(outputs)
         else:
             with torch.no_grad(), frozen_running_stats(self.stage):
-                outputs = self.stage(inputs)
+                outputs = self._forward_recording_rng(inputs, pending)
             if not self.reconstructs:
                 pending.inputs = detached(inputs)
         self._pending[micro_batch] = pending
@@ -146,17 +153,19 @@ class StageWorker:
             if outputs is None:
                 raise PipelineError(f"stage {self.index} reconstructs its input but received no output to invert")
             if pending.weights is None:
-                inputs, grad_inputs = self.stage.reconstruct_and_backward(outputs, grad_outputs)
+                inputs, grad_inputs = self._reconstruct(outputs, grad_outputs, pending)
             else:
                 with torch.no_grad(), frozen_running_stats(self.stage):
-                    inputs = self.stage.inverse(outputs)
-                grad_inputs = self._recompute_and_backward(inputs, grad_outputs, pending.weights)
+                    inputs = self._reconstruct(outputs, None, pending)
+                with replaying(pending.rng):
+                    grad_inputs = self._recompute_and_backward(inputs, grad_outputs, pending.weights)
         elif self.mode.keeps_graph:
             torch.autograd.backward(as_tuple(pending.outputs), as_tuple(grad_outputs))
             inputs, grad_inputs = pending.inputs, self._leaf_grads(pending.inputs)
         else:
             inputs = pending.inputs
-            grad_inputs = self._recompute_and_backward(inputs, grad_outputs, pending.weights)
+            with replaying(pending.rng):
+                grad_inputs = self._recompute_and_backward(inputs, grad_outputs, pending.weights)
         self._count_backward(micro_batch)
         if self.is_first:
             return None, None
@@ -246,6 +255,40 @@ class StageWorker:
         self.group.append(micro_batch)
         self._track_peak()
 
+    def _forward_recording_rng(self, inputs: Activation, pending: _Pending) -> Activation:
+        """The forward, keeping in `pending` the RNG state it started from if it drew random numbers (per unit of
+        a reversible StageGroup, whose reconstruction runs the units last to first)."""
+        device = as_tuple(inputs)[0].device
+        before = capture(device)
+        if len(self.units) == 1:
+            outputs = self.stage(inputs)
+        else:
+            outputs, states = inputs, []
+            for unit in self.units:
+                unit_before = capture(device)
+                outputs = unit(outputs)
+                states.append(drawn_since(unit_before))
+            pending.unit_rngs = states if any(state is not None for state in states) else None
+        pending.rng = drawn_since(before)
+        return outputs
+
+    def _reconstruct(self, outputs: Activation, grad_outputs: Activation | None, pending: _Pending):
+        """Rebuild the input from `outputs` by inversion (`grad_outputs` None) or by the fused reconstruction and
+        backward (returns (input, gradient of input)), replaying the forward's randomness."""
+        fused = grad_outputs is not None
+        if pending.unit_rngs is None:
+            with replaying(pending.rng):
+                if fused:
+                    return self.stage.reconstruct_and_backward(outputs, grad_outputs)
+                return self.stage.inverse(outputs)
+        for unit, state in zip(reversed(self.units), reversed(pending.unit_rngs)):
+            with replaying(state):
+                if fused:
+                    outputs, grad_outputs = unit.reconstruct_and_backward(outputs, grad_outputs)
+                else:
+                    outputs = unit.inverse(outputs)
+        return (outputs, grad_outputs) if fused else outputs
+
     def _recompute_and_backward(self, inputs, grad_outputs, weights) -> Activation | None:
         leaves = detached(inputs, requires_grad=not self.is_first)
         with _weights(self.params, weights), torch.enable_grad():
@@ -260,3 +303,27 @@ class StageWorker:
     def _track_peak(self) -> None:
         self.memory()
 
+
+def run_stage(worker: StageWorker, router, forward: int | None, backward: int | None, targets: dict, loss_fn,
+              outgoing: list) -> list[tuple[int, torch.Tensor]]:
+    """One stage's share of a tick: the forward of micro-batch `forward` and the backward of `backward` (either
+    may be None), taking inputs from and sending results through `router` (a `routing.Router`); then the update
+    if its accumulation group is complete. The last stage does forward, loss and backward at once, popping the
+    micro-batch's targets. Returns the (micro_batch, loss) pairs it finished."""
+    index, losses = worker.index, []
+    if worker.is_last:
+        if forward is not None:
+            inputs = router.forward_input(index, forward)
+            loss, x, grad = worker.forward_backward_last(forward, inputs, targets.pop(forward), loss_fn)
+            losses.append((forward, loss))
+            router.send_backward(index, forward, x, grad, outgoing)
+    else:
+        if forward is not None:
+            outputs = worker.forward(forward, router.forward_input(index, forward))
+            router.send_forward(index, forward, outputs, outgoing)
+        if backward is not None:
+            outputs, grad_outputs = router.backward_input(index, backward)
+            x, grad = worker.backward(backward, grad_outputs, outputs)
+            router.send_backward(index, backward, x, grad, outgoing)
+    worker.maybe_update()
+    return losses

@@ -1,0 +1,68 @@
+"""What the pipeline ranks do together besides the tick exchange: gathering the stages onto one rank, and the
+averages over data-parallel replicas (gradients before each update, batch-norm statistics at each drain)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .errors import PeerFailureError
+
+
+def gather_stages(
+    stages: list[nn.Module],
+    local: range,
+    rank: int,
+    dst: int | None,
+    group: dist.ProcessGroup | None,
+    global_ranks: list[int],
+    describe: Callable[[int], str],
+) -> None:
+    """Copy every stage's parameters and buffers onto the stage modules of pipeline rank `dst` (every rank when
+    None). A collective failure (a peer died or left) becomes a PeerFailureError."""
+    states = {i: {k: v.detach().cpu() for k, v in stages[i].state_dict().items()} for i in local}
+    world = dist.get_world_size(group)
+    try:
+        if dst is None:
+            gathered = [None] * world
+            dist.all_gather_object(gathered, states, group=group)
+        else:
+            gathered = [None] * world if rank == dst else None
+            dist.gather_object(states, gathered, dst=global_ranks[dst], group=group)
+    except Exception as error:  # gloo raises a bare RuntimeError (DistBackendError) when a peer is gone
+        target = "every rank" if dst is None else describe(dst)
+        raise PeerFailureError(
+            f"{describe(rank)} could not gather the stages onto {target}: a peer process died, stalled or failed "
+            f"({type(error).__name__}: {error})"
+        ) from error
+    if gathered is not None:
+        for others in gathered:
+            for index, state in others.items():
+                if index not in local:
+                    stages[index].load_state_dict(state)
+
+
+def average_gradients(params: list[nn.Parameter], group: dist.ProcessGroup, size: int) -> None:
+    """Average the parameters' gradients over the `size` replicas of `group` (one flat all_reduce)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    flat /= size
+    offset = 0
+    for grad in grads:
+        grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+        offset += grad.numel()
+
+
+def average_buffers(modules: list[nn.Module], group: dist.ProcessGroup, size: int) -> None:
+    """Replicas see different data, so their batch-norm running statistics differ: after a drain (before any
+    evaluation or save) every replica takes their average, so all replicas hold the same model."""
+    for module in modules:
+        for buffer in (b for b in module.buffers() if b.is_floating_point()):
+            dist.all_reduce(buffer, group=group)
+            buffer /= size

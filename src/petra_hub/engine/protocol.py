@@ -1,0 +1,147 @@
+"""The header two neighbouring ranks swap before every exchange, and what they conclude from it.
+
+Before any payload moves between rank r and rank r+1 (every tick, every `infer`, every `gather_stages`) both send
+each other a `Header`: 12 int64 (96 bytes) saying what each is doing (a step tick, a drain tick, an inference, a
+gather), at which tick, after how many micro-batches, and which micro-batch of how many samples each expects to
+cross their boundary in each direction. Both ends fill the same fields from their own state, so in a consistent
+run the two headers are equal. Both ends then compare the same pair of headers with the same function (`check`),
+so a disagreement raises the same error, with the same text, on both ranks, and no payload of an unexpected size
+is ever posted (gloo aborts the process on a longer message and leaves the buffer's tail unwritten on a shorter).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import astuple, dataclass
+
+import torch
+
+from .errors import PeerFailureError, StageMismatchError
+
+STEP, DRAIN, INFER, GATHER = 1, 2, 3, 4
+_ACTIONS = {STEP: "a step tick", DRAIN: "a drain tick", INFER: "infer", GATHER: "gather_stages"}
+MAGIC = 0x50455452  # "PETR": a header that does not start with it is not one of ours
+NONE = -1  # no micro-batch crosses (or no batch size known)
+HEADER_LENGTH = 12
+FEEDING_RULE = (
+    "every rank must be fed the same micro-batches and call end_group, drain, infer and gather_stages at the same "
+    "points"
+)
+
+
+@dataclass(frozen=True)
+class Moment:
+    """Where a rank stands when it talks to its neighbours: what it is doing and its schedule position."""
+
+    kind: int  # STEP, DRAIN, INFER or GATHER
+    global_tick: int  # ticks run since the pipeline started
+    tick: int  # ticks since the schedule's origin (the last drain)
+    fed: int  # micro-batches fed since the origin
+    first: int  # the micro-batch at the origin
+    group: int  # micro-batches in the open accumulation group
+    extra: int = 0  # GATHER: the destination rank (-1: every rank)
+
+
+@dataclass(frozen=True)
+class Header:
+    kind: int
+    tick: int  # global tick
+    fed: int  # micro-batches fed in all
+    first: int
+    group: int
+    forward: int  # micro-batch whose activations cross the boundary forward now (NONE: none)
+    forward_batch: int
+    backward: int  # micro-batch whose gradients cross backward now
+    backward_batch: int
+    last_batch: int  # samples of the last micro-batch fed (INFER: of the inference batch)
+    extra: int
+
+    def tensor(self, device: torch.device) -> torch.Tensor:
+        return torch.tensor((MAGIC, *astuple(self)), dtype=torch.int64, device=device)
+
+    @classmethod
+    def parse(cls, buffer: torch.Tensor) -> "Header | None":
+        values = buffer.tolist()
+        if len(values) != HEADER_LENGTH or values[0] != MAGIC:
+            return None
+        return cls(*values[1:])
+
+    def describe(self, with_group: bool = False) -> str:
+        action = _ACTIONS.get(self.kind, f"an unknown action ({self.kind})")
+        if self.kind == GATHER:
+            action = f"gather_stages(dst={None if self.extra < 0 else self.extra})"
+        crossing = []
+        if self.forward != NONE:
+            crossing.append(f"micro-batch {self.forward} forward")
+        if self.backward != NONE:
+            crossing.append(f"micro-batch {self.backward} backward")
+        where = f"tick {self.tick}" if self.kind in (STEP, DRAIN) else f"after {self.tick} ticks"
+        text = f"{action} ({where}, {self.fed} micro-batches fed"
+        if with_group:
+            text += f", {self.group} in the open accumulation group"
+        return text + (f"; expects {' and '.join(crossing)})" if crossing else ")")
+
+
+def header_for(moment: Moment, left_stage: int, schedule, batch_sizes: dict[int, int], batch: int | None) -> Header:
+    """The header of the boundary between stage `left_stage` and the next one, as this rank sees it. `batch` is
+    the inference batch (INFER only)."""
+    forward = backward = NONE
+    if moment.kind in (STEP, DRAIN):
+        found = schedule.forward_at(left_stage, moment.tick, moment.fed)
+        forward = NONE if found is None else found + moment.first
+        found = schedule.backward_at(left_stage + 1, moment.tick, moment.fed)
+        backward = NONE if found is None else found + moment.first
+    fed = moment.first + moment.fed
+    last_batch = batch if batch is not None else batch_sizes.get(fed - 1, NONE)
+    return Header(
+        moment.kind,
+        moment.global_tick,
+        fed,
+        moment.first,
+        moment.group,
+        forward,
+        batch_sizes.get(forward, NONE) if forward != NONE else NONE,
+        backward,
+        batch_sizes.get(backward, NONE) if backward != NONE else NONE,
+        last_batch,
+        moment.extra,
+    )
+
+
+def check(left: Header | None, right: Header | None, left_rank: int, describe: Callable[[int], str]) -> None:
+    """Compare the headers of ranks `left_rank` and `left_rank + 1` for their common boundary; raise the same
+    error on both ranks if they disagree (PeerFailureError: out of step; StageMismatchError: batch sizes)."""
+    names = describe(left_rank), describe(left_rank + 1)
+    if left is None or right is None:
+        garbled = names[0] if left is None else names[1]
+        raise PeerFailureError(f"{garbled} sent a message that is not a pipeline header to its neighbour")
+    if left == right:
+        return
+    if _position(left) != _position(right):
+        group = left.group != right.group
+        raise PeerFailureError(
+            f"{names[0]} and {names[1]} are out of step: rank {left_rank} runs {left.describe(group)}, rank "
+            f"{left_rank + 1} runs {right.describe(group)}; {FEEDING_RULE}"
+        )
+    for micro_batch, a, b in (
+        (left.forward, left.forward_batch, right.forward_batch),
+        (left.backward, left.backward_batch, right.backward_batch),
+        (left.fed - 1, left.last_batch, right.last_batch),
+    ):
+        if a != b:
+            what = "the inference batch has" if left.kind == INFER else f"micro-batch {micro_batch} has"
+            raise StageMismatchError(
+                f"{what} {_samples(a)} on {names[0]} but {_samples(b)} on {names[1]}: every rank must be fed the "
+                "same micro-batches, of the same size"
+            )
+    raise PeerFailureError(f"{names[0]} and {names[1]} disagree: {left.describe(True)} / {right.describe(True)}")
+
+
+def _position(header: Header) -> tuple:
+    """Everything but the batch sizes."""
+    return (header.kind, header.tick, header.fed, header.first, header.group, header.forward, header.backward,
+            header.extra)
+
+
+def _samples(count: int) -> str:
+    return "no known size" if count == NONE else f"{count} samples"
