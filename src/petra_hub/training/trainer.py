@@ -239,10 +239,12 @@ class PetraTrainer(Trainer):
     def _preflight(self, resume_from_checkpoint: str | None) -> None:
         """What can fail later is checked now, before any work: the output folder (writable, room for a checkpoint,
         not another run's, not in use). The checkpoint to resume from was checked by `train`."""
+        writes_checkpoints = self.args.save_strategy != "no" and self.replica == 0  # its stages' optimizer states
+        if self.args.should_save or writes_checkpoints:
+            check_output_dir(self.args.output_dir, self.model)
         if self.args.should_save:
             self._lock = RunLock(self.args.output_dir)
             check_not_another_run(self.args.output_dir, resume_from_checkpoint, self.args.overwrite_output_dir)
-            check_output_dir(self.args.output_dir, self.model)
             self._lock.acquire()
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
