@@ -96,7 +96,7 @@ def test_digits_card_states_the_run(digits_run):
     assert "| Classes | 10: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9 |" in text
     # the stem, 3 downsampling blocks and the head of RevNet-18 store their inputs
     assert "(5 of this run's 10 pipeline stages) are not reversible" in text
-    assert "1.4-2.5 points below backprop" in text
+    assert "1.4-3.1 points below backprop" in text
     assert "were not reproduced here" not in text  # digits is the set petra_hub measured
     for name in FRAMEWORKS:
         assert re.search(rf"^\| {name} \| \d+\.\d+", text, re.M), name
