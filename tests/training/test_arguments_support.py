@@ -18,12 +18,12 @@ from petra_hub.training.support import (
     REFUSED,
     STATUSES,
     TRAINING_ARGUMENT_SUPPORT,
-    FieldSupport,
     check_supported,
     markdown_table,
     replace_table,
     table_in,
 )
+from petra_hub.training.support_table import FieldSupport
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "training-arguments.md"

@@ -23,7 +23,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
-from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from ..engine import Pipeline
@@ -69,9 +68,11 @@ class PetraState:
             raise ValueError(f"{path} is unreadable (the checkpoint is incomplete or corrupt): {error}") from None
 
 
-def required_files(num_stages: int) -> list[str]:
+def missing_files(folder: str, num_stages: int) -> list[str]:
+    """The files of a complete checkpoint of `num_stages` stages that `folder` lacks."""
     stages = [STAGE_STATE_PATTERN.format(index) for index in range(num_stages)]
-    return ["config.json", "model.safetensors", "trainer_state.json", PETRA_STATE_NAME, *stages]
+    required = ["config.json", "model.safetensors", "trainer_state.json", PETRA_STATE_NAME, *stages]
+    return [name for name in required if not Path(folder, name).is_file()]
 
 
 def staging_dir(final: str) -> str:
@@ -81,7 +82,7 @@ def staging_dir(final: str) -> str:
 
 def publish_checkpoint(staging: str, final: str, num_stages: int) -> None:
     """Check that `staging` holds the whole checkpoint, then rename it to `final` (replacing an older one)."""
-    missing = [name for name in required_files(num_stages) if not Path(staging, name).is_file()]
+    missing = missing_files(staging, num_stages)
     if missing:
         raise RuntimeError(
             f"checkpoint {final} is incomplete (missing {', '.join(missing[:4])}); it was not published and the "
@@ -103,7 +104,7 @@ def validate_checkpoint(folder: str, num_stages: int) -> None:
 
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"resume_from_checkpoint {folder!r} is not a folder")
-    missing = [name for name in required_files(num_stages) if not Path(folder, name).is_file()]
+    missing = missing_files(folder, num_stages)
     if missing:
         raise FileNotFoundError(f"checkpoint {folder} is incomplete: it lacks {', '.join(missing[:4])}")
     for name in ("trainer_state.json", PETRA_STATE_NAME):
@@ -156,7 +157,7 @@ def save_checkpoint_files(trainer, folder: str, final: str, state: PetraState) -
     if not trainer.args.should_save:
         return
     state.save(folder)
-    for callback in [cb for cb in trainer.callback_handler.callbacks + [trainer.control] if isinstance(cb, ExportableState)]:
+    for callback in trainer._exportable_callbacks():
         name = callback.__class__.__name__
         if isinstance(trainer.state.stateful_callbacks.get(name), list):
             trainer.state.stateful_callbacks[name].append(callback.state())

@@ -28,14 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .support_table import (  # noqa: F401  re-exported
-    HONOURED,
-    NOT_APPLICABLE,
-    REFUSED,
-    STATUSES,
-    TRAINING_ARGUMENT_SUPPORT,
-    FieldSupport,
-)
+from .support_table import HONOURED, NOT_APPLICABLE, REFUSED, STATUSES, TRAINING_ARGUMENT_SUPPORT
 
 TABLE_NAME = "training-arguments"
 TABLE_START, TABLE_END = f"<!-- table:{TABLE_NAME} -->", f"<!-- /table:{TABLE_NAME} -->"

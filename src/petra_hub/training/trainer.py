@@ -69,7 +69,8 @@ class PetraTrainer(Trainer):
         self._lock = RunLock(args.output_dir)
 
     def _make_stages(self) -> list:
-        stages = merge_stages(self.model.get_stages(), self.args.petra_num_stages or len(self.model.get_stages()))
+        model_stages = self.model.get_stages()
+        stages = merge_stages(model_stages, self.args.petra_num_stages or len(model_stages))
         processes = world_size() // self.args.petra_data_parallel
         if processes > len(stages):
             raise ValueError(
