@@ -38,6 +38,9 @@ class StageCounters:
     updates: int = 0
     last_backward: int = -1  # micro-batches are backpropagated in order, each exactly once
     compute_seconds: float = 0.0  # CPU time (time.process_time) spent in this stage's forwards, backwards, updates
+    skipped_updates: int = 0  # fp16: accumulation groups dropped for a non-finite gradient (see precision)
+    reconstruction_error: float | None = None  # sampled check: relative error of the last rebuilt input checked
+    reconstruction_checks: int = 0
     grad_norm: float | None = None  # with clipping: norm of the averaged gradient of the last update, before clipping
 
 
@@ -82,3 +85,11 @@ def graph_bytes(module: nn.Module, inputs: Activation) -> int:
 
 def _identity(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
+
+
+def relative_error(value: Activation, reference: Activation) -> float:
+    """||value - reference|| / ||reference|| over all tensors of an activation, in float64."""
+    pairs = [(a.double(), b.double()) for a, b in zip(as_tuple(value), as_tuple(reference))]
+    difference = sum(float((a - b).pow(2).sum()) for a, b in pairs) ** 0.5
+    norm = sum(float(b.pow(2).sum()) for _, b in pairs) ** 0.5
+    return difference / norm if norm > 0 else difference

@@ -9,6 +9,7 @@ from torch import nn
 
 from .batchnorm import frozen_running_stats
 from .errors import PeerFailureError, PipelineError, StageMismatchError
+from .precision import Precision, short_name
 from .randomness import preserved
 from .routing import Router, empty_like_spec
 from .tensors import Activation, as_tuple
@@ -38,12 +39,13 @@ def handshake(
     group: dist.ProcessGroup | None,
     global_ranks: list[int] | None,
     device: torch.device | None,
+    precision: Precision | None = None,
 ) -> None:
-    """Fill `router.specs`, checking every stage of this rank against what its predecessor produces. `settings`
-    (what must agree across ranks: stages, mode, k, partition) is compared over `group` when distributed. A
-    collective that fails (a peer died) becomes a PeerFailureError."""
+    """Fill `router.specs`, checking every stage of this rank against what its predecessor produces under the
+    precision policy. `settings` (what must agree across ranks: stages, mode, k, partition, precision) is compared
+    over `group` when distributed. A collective that fails (a peer died) becomes a PeerFailureError."""
     try:
-        _handshake(input_spec, stages, router, settings, group, global_ranks, device)
+        _handshake(input_spec, stages, router, settings, group, global_ranks, device, precision or Precision())
     except PipelineError:
         raise
     except Exception as error:  # gloo's bare RuntimeError (DistBackendError) when a peer is gone
@@ -55,13 +57,13 @@ def handshake(
         ) from error
 
 
-def _handshake(input_spec, stages, router, settings, group, global_ranks, device) -> None:
+def _handshake(input_spec, stages, router, settings, group, global_ranks, device, precision) -> None:
     distributed = global_ranks is not None
     if distributed:
         everyone = [None] * dist.get_world_size(group)
         dist.all_gather_object(everyone, settings, group=group)
         if any(other != settings for other in everyone):
-            raise StageMismatchError(f"ranks disagree on (stages, mode, k, partition): {everyone}")
+            raise StageMismatchError(f"ranks disagree on (stages, mode, k, partition, precision): {everyone}")
     local, error, spec = router.local, None, input_spec
     if local.start > 0:
         received = [None]
@@ -70,7 +72,7 @@ def _handshake(input_spec, stages, router, settings, group, global_ranks, device
         if spec is not None:
             router.specs[local.start - 1] = spec
     if error is None:
-        spec, error = dry_run(stages, local, spec, router.specs, device)
+        spec, error = dry_run(stages, local, spec, router.specs, device, precision)
     if local.stop < len(stages):
         dist.send_object_list([(spec, error)], dst=global_ranks[router.rank + 1], group=group)
     if distributed:
@@ -82,25 +84,50 @@ def _handshake(input_spec, stages, router, settings, group, global_ranks, device
 
 
 def dry_run(
-    stages: list[nn.Module], local: range, spec: ActivationSpec, specs: dict[int, ActivationSpec], device
+    stages: list[nn.Module],
+    local: range,
+    spec: ActivationSpec,
+    specs: dict[int, ActivationSpec],
+    device,
+    precision: Precision | None = None,
 ) -> tuple[ActivationSpec | None, str | None]:
-    """Run the `local` stages on a zero batch of `spec` without changing any state (running statistics and the
-    random generators included); record each output spec in `specs`. Returns (the last output spec, None) or
-    (None, a description of the first mismatch)."""
+    """Run the `local` stages on a zero batch of `spec` as training will (under the precision policy), without
+    changing any state (running statistics and the random generators included); record each output spec in
+    `specs`. Returns (the last output spec, None) or (None, a description of the first mismatch)."""
+    precision = precision or Precision()
     value = empty_like_spec(spec, 2, device or torch.device("cpu"))
     for index in local:
         stage = stages[index]
-        dtypes = {p.dtype for p in stage.parameters() if p.is_floating_point()}
         previous = f"stage {index - 1} ({type(stages[index - 1]).__name__})" if index else "the input"
         here = f"stage {index} ({type(stage).__name__})"
-        if dtypes and spec.dtype not in dtypes:
-            return None, f"{here} has {sorted(map(str, dtypes))} parameters but {previous} gives {spec.describe()}"
+        mismatch = _dtype_mismatch(stage, spec, index, precision)
+        if mismatch:
+            return None, f"{here} {mismatch} (from {previous}, {spec.describe()})"
         try:
             with torch.no_grad(), frozen_running_stats(stage), preserved(as_tuple(value)[0].device):
-                value = stage(value)
+                with precision.autocast(as_tuple(value)[0].device):
+                    value = stage(value)
+                value = precision.cast_streams(value) if index < len(stages) - 1 else value
         except Exception as error:  # any failure here is a mismatch between the two stages
             return None, f"{here} cannot take the output of {previous}, {spec.describe()}: {error}"
         if index < len(stages) - 1:
             spec = ActivationSpec.of(value)
             specs[index] = spec
     return spec, None
+
+
+def _dtype_mismatch(stage: nn.Module, spec: ActivationSpec, index: int, precision: Precision) -> str | None:
+    """Without autocast a stage computes in its parameters' dtype and must receive it. Under autocast the
+    parameters are the float32 master weights and a stage after the first receives the stream dtype."""
+    dtypes = {p.dtype for p in stage.parameters() if p.is_floating_point()}
+    received = {t.dtype for t in spec.tensors if t.dtype.is_floating_point}
+    if precision.compute is None:
+        if dtypes and received and not received <= dtypes:
+            return f"has {sorted(map(str, dtypes))} parameters but receives {sorted(map(str, received))}"
+        return None
+    if dtypes - {torch.float32}:
+        return (f"has {sorted(map(str, dtypes))} parameters, but mixed precision ({precision.describe()}) keeps "
+                "float32 master weights: leave the model in float32")
+    if index > 0 and received - {precision.streams}:
+        return f"receives {sorted(map(str, received))}, but the policy's streams are {short_name(precision.streams)}"
+    return None

@@ -22,7 +22,9 @@ from .collectives import average_buffers, average_gradients, gather_stages
 from .errors import Breaker, PipelineError
 from .handshake import check_same_spec, handshake, input_spec_of
 from .modes import Mode
+from .messages import round_trip
 from .placement import Placement, Replicas, split_replicas
+from .precision import Precision
 from .protocol import DRAIN, GATHER, INFER, STEP, Moment
 from .routing import Router
 from .schedule import Schedule
@@ -58,6 +60,9 @@ class Pipeline:
         timeout: seconds to wait for a neighbour before raising `PeerFailureError`.
         max_grad_norm: clip each stage's averaged gradient to this norm before its update (None or 0: no
             clipping). Stages update at different ticks, so each clips its own gradient: there is no global norm.
+        precision: a `Precision` or "bf16" / "fp16" (see `petra_hub.engine.precision`); default: stages' own dtype.
+        check_reconstruction_every: every this many micro-batches, each reconstructing stage measures the relative
+            error of the input it rebuilds against a copy of the one it received (`counters()`); None: off.
 
     Every rank calls `step` with the same micro-batches in the same order (rank 0 uses the inputs, the rank of
     the last stage uses the targets), and `end_group` and `drain` at the same points. An exception inside an
@@ -82,6 +87,8 @@ class Pipeline:
         device: torch.device | str | None = None,
         timeout: float = 120.0,
         max_grad_norm: float | None = None,
+        precision: Precision | str | None = None,
+        check_reconstruction_every: int | None = None,
     ):
         if not stages:
             raise ValueError("a pipeline needs at least one stage")
@@ -91,6 +98,9 @@ class Pipeline:
             raise ValueError(f"timeout must be positive, got {timeout}")
         if max_grad_norm is not None and max_grad_norm < 0:
             raise ValueError(f"max_grad_norm must be >= 0 (0 or None: no clipping), got {max_grad_norm}")
+        if check_reconstruction_every is not None and check_reconstruction_every < 1:
+            raise ValueError(f"check_reconstruction_every must be >= 1 or None, got {check_reconstruction_every}")
+        self.precision = precision if isinstance(precision, Precision) else Precision.of(precision)
         self.stages = list(stages)
         self.loss_fn = loss_fn
         self.mode = Mode.parse(mode)
@@ -146,9 +156,13 @@ class Pipeline:
                 on_update=on_update,
                 reduce_gradients=self._average_gradients if self.replicas is not None else None,
                 max_grad_norm=max_grad_norm,
+                precision=self.precision,
+                check_reconstruction_every=check_reconstruction_every,
             )
         reconstructs = [self.mode.reconstructs and bool(getattr(s, "reversible", False)) for s in self.stages]
-        self.router = Router(self.rank, self.local, len(self.stages), reconstructs, self.schedule, transport)
+        self.router = Router(
+            self.rank, self.local, len(self.stages), reconstructs, self.schedule, transport, self.precision.messages
+        )
 
         self.tick = 0  # ticks run so far
         self.fed = 0  # micro-batches fed so far
@@ -267,7 +281,12 @@ class Pipeline:
                     value = self.router.receive_for_inference(batch, self._moment(INFER))
                 for index in self.local:
                     self.stages[index].eval()
-                    value = self.stages[index](value)
+                    with self.precision.autocast(as_tuple(value)[0].device):
+                        value = self.stages[index](value)
+                    if index + 1 in self.local:  # cast and round as crossing to another rank would
+                        (value,) = round_trip([self.precision.cast_streams(value)], self.router.forward_parts(index))
+                    elif index < self.num_stages - 1:
+                        value = self.precision.cast_streams(value)
                 if self.local.stop < self.num_stages:
                     self.router.send_for_inference(value, batch, self._moment(INFER))
                     return None
@@ -297,6 +316,7 @@ class Pipeline:
             index: {
                 "optimizer": worker.optimizer.state_dict() if worker.optimizer is not None else None,
                 "scheduler": worker.scheduler.state_dict() if worker.scheduler is not None else None,
+                "loss_scale": worker.loss_scale.state_dict() if worker.loss_scale is not None else None,
             }
             for index, worker in self.workers.items()
         }
@@ -312,6 +332,8 @@ class Pipeline:
                 worker.optimizer.load_state_dict(saved["optimizer"])
             if worker.scheduler is not None and saved.get("scheduler") is not None:
                 worker.scheduler.load_state_dict(saved["scheduler"])
+            if worker.loss_scale is not None and saved.get("loss_scale") is not None:
+                worker.loss_scale.load_state_dict(saved["loss_scale"])
 
     def last_lr(self) -> float | None:
         """The learning rate of this rank's first stage (every stage follows the same schedule), None without an
@@ -364,14 +386,16 @@ class Pipeline:
         with self._breaker.guard(lambda: self.tick):
             if spec is not None and self._input_spec is None:  # the first micro-batch: learn every boundary's shape
                 settings = self._settings()
-                handshake(spec, self.stages, self.router, settings, self.group, self._global_ranks, self.device)
+                handshake(spec, self.stages, self.router, settings, self.group, self._global_ranks, self.device,
+                          self.precision)
                 self._input_spec = spec
             yield
 
     # -- replicas -------------------------------------------------------------------------------------------------------
     def _settings(self) -> tuple:
         """What every rank of the pipeline must agree on."""
-        return (self.num_stages, self.mode.value, self.accumulation_steps, [len(g) for g in self.placement.groups])
+        return (self.num_stages, self.mode.value, self.accumulation_steps, [len(g) for g in self.placement.groups],
+                self.precision.describe())
 
     def _average_gradients(self, params: list[nn.Parameter]) -> None:
         average_gradients(params, self.replicas.peer_group, self.data_parallel_size)

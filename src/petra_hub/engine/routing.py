@@ -13,17 +13,19 @@ from typing import Any
 
 import torch
 
+from .messages import Part, decode, encode, message_bytes, round_trip
 from .protocol import HEADER_LENGTH, Header, Moment, check, header_for
 from .schedule import Schedule
 from .tensors import Activation
-from .transport import ActivationSpec, Incoming, NeighbourTransport, Outgoing, Posted, flatten
+from .transport import ActivationSpec, Incoming, NeighbourTransport, Outgoing, Posted
 
 FORWARD_TAG, BACKWARD_TAG, INFER_TAG, HEADER_TAG = 1, 2, 3, 4
 
 
 class Router:
     """Delivers activations forward and (input, gradient) pairs backward for the stages `local` of pipeline rank
-    `rank`. `reconstructs[i]` says whether stage i rebuilds its input (and so needs its output sent back)."""
+    `rank`. `reconstructs[i]` says whether stage i rebuilds its input (and so needs its output sent back).
+    `wire`: the dtype activations and gradients cross a stage boundary in (None: their own; see `messages`)."""
 
     def __init__(
         self,
@@ -33,8 +35,10 @@ class Router:
         reconstructs: list[bool],
         schedule: Schedule,
         transport: NeighbourTransport | None,
+        wire: torch.dtype | None = None,
     ):
         self.rank = rank
+        self.wire = wire
         self.local = local
         self.num_stages = num_stages
         self.reconstructs = reconstructs
@@ -56,20 +60,34 @@ class Router:
         """(this stage's output sent back, or None; the gradient of that output)."""
         return self._mail[(index, "backward")].pop(micro_batch)
 
+    def forward_parts(self, left_stage: int) -> list[Part]:
+        """The layout of the activations stage `left_stage` sends forward."""
+        return [Part(self.specs[left_stage], self.wire)]
+
+    def backward_parts(self, left_stage: int) -> list[Part]:
+        """The layout of what stage `left_stage + 1` sends back: its input, exact, if `left_stage` reconstructs,
+        then the gradient."""
+        spec = self.specs[left_stage]
+        returned = [Part(spec)] if self.reconstructs[left_stage] else []
+        return returned + [Part(spec, self.wire)]
+
     def send_forward(self, index: int, micro_batch: int, outputs: Activation, outgoing: list[Outgoing]) -> None:
+        parts = self.forward_parts(index)
         if index + 1 in self.local:
-            self._mail[(index + 1, "forward")][micro_batch] = outputs
+            (self._mail[(index + 1, "forward")][micro_batch],) = round_trip([outputs], parts)
         else:
-            outgoing.append(Outgoing(self.rank + 1, FORWARD_TAG, flatten([outputs])))
+            outgoing.append(Outgoing(self.rank + 1, FORWARD_TAG, encode([outputs], parts)))
 
     def send_backward(self, index: int, micro_batch: int, inputs, grad_inputs, outgoing: list[Outgoing]) -> None:
         if index == 0:
             return
-        returned = inputs if self.reconstructs[index - 1] else None
+        parts = self.backward_parts(index - 1)
+        values = [inputs, grad_inputs] if self.reconstructs[index - 1] else [grad_inputs]
         if index - 1 in self.local:
-            self._mail[(index - 1, "backward")][micro_batch] = (returned, grad_inputs)
+            values = round_trip(values, parts)
+            self._mail[(index - 1, "backward")][micro_batch] = (values[0], values[1]) if len(values) == 2 else (None, values[0])
         else:
-            outgoing.append(Outgoing(self.rank - 1, BACKWARD_TAG, flatten([returned, grad_inputs])))
+            outgoing.append(Outgoing(self.rank - 1, BACKWARD_TAG, encode(values, parts)))
 
     def leftovers(self) -> list[tuple[int, str]]:
         return [key for key, box in self._mail.items() if box]
@@ -90,8 +108,8 @@ class Router:
             if forward is not None:
                 micro_batch = forward + first
                 batch = self.batch_sizes[micro_batch]
-                spec = self.specs[source]
-                incoming.append(Incoming(self.rank - 1, FORWARD_TAG, spec.numel(batch), spec.dtype, "activations"))
+                size = message_bytes(self.forward_parts(source), batch)
+                incoming.append(Incoming(self.rank - 1, FORWARD_TAG, size, torch.uint8, "activations"))
                 arrivals.append(("forward", micro_batch, batch))
         if self.local.stop < self.num_stages:
             source = self.local.stop
@@ -99,24 +117,19 @@ class Router:
             if backward is not None:
                 micro_batch = backward + first
                 batch = self.batch_sizes[micro_batch]
-                spec = self.specs[source - 1]
-                copies = 2 if self.reconstructs[source - 1] else 1
-                incoming.append(Incoming(self.rank + 1, BACKWARD_TAG, copies * spec.numel(batch), spec.dtype, "gradients"))
+                size = message_bytes(self.backward_parts(source - 1), batch)
+                incoming.append(Incoming(self.rank + 1, BACKWARD_TAG, size, torch.uint8, "gradients"))
                 arrivals.append(("backward", micro_batch, batch))
         buffers = self.transport.exchange(self.rank, outgoing, incoming, moment.global_tick, deadline)
         for (kind, micro_batch, batch), buffer in zip(arrivals, buffers):
             if kind == "forward":
                 first_local = self.local.start
-                self._mail[(first_local, "forward")][micro_batch] = self.specs[first_local - 1].unflatten(buffer, batch)
+                (value,) = decode(buffer, self.forward_parts(first_local - 1), batch)
+                self._mail[(first_local, "forward")][micro_batch] = value
             else:
                 last = self.local.stop - 1
-                spec = self.specs[last]
-                if self.reconstructs[last]:
-                    half = spec.numel(batch)
-                    payload = (spec.unflatten(buffer[:half], batch), spec.unflatten(buffer[half:], batch))
-                else:
-                    payload = (None, spec.unflatten(buffer, batch))
-                self._mail[(last, "backward")][micro_batch] = payload
+                values = decode(buffer, self.backward_parts(last), batch)
+                self._mail[(last, "backward")][micro_batch] = (values[0], values[1]) if len(values) == 2 else (None, values[0])
 
     def post_headers(self, moment: Moment, sides: str = "both", batch: int | None = None) -> Posted:
         """Start swapping headers with the neighbouring ranks (`sides`: "both", "left" or "right"); `agree` ends it.
@@ -160,15 +173,16 @@ class Router:
     def receive_for_inference(self, batch: int, moment: Moment) -> Activation:
         deadline = self.transport.deadline()
         self.agree(moment, "left", batch, deadline)
-        spec = self.specs[self.local.start - 1]
-        message = Incoming(self.rank - 1, INFER_TAG, spec.numel(batch), spec.dtype, "activations")
+        parts = self.forward_parts(self.local.start - 1)
+        message = Incoming(self.rank - 1, INFER_TAG, message_bytes(parts, batch), torch.uint8, "activations")
         (buffer,) = self.transport.exchange(self.rank, [], [message], moment.global_tick, deadline)
-        return spec.unflatten(buffer, batch)
+        (value,) = decode(buffer, parts, batch)
+        return value
 
     def send_for_inference(self, value: Activation, batch: int, moment: Moment) -> None:
         deadline = self.transport.deadline()
         self.agree(moment, "right", batch, deadline)
-        message = Outgoing(self.rank + 1, INFER_TAG, flatten([value]))
+        message = Outgoing(self.rank + 1, INFER_TAG, encode([value], self.forward_parts(self.local.stop - 1)))
         self.transport.exchange(self.rank, [message], [], moment.global_tick, deadline)
 
 

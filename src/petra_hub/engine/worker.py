@@ -7,14 +7,16 @@ import functools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import torch
 from torch import nn
 
 from .batchnorm import frozen_running_stats
 from .errors import PipelineError
-from .accounting import MemoryStats, StageCounters, nbytes, recording_saved_tensors
+from .accounting import MemoryStats, StageCounters, nbytes, recording_saved_tensors, relative_error
 from .modes import Mode
+from .precision import LOW_PRECISION, LossScale, Precision
 from .randomness import RngState, capture, drawn_since, replaying, units
 from .tensors import Activation, as_tuple, detached, like
 
@@ -46,10 +48,11 @@ class _Pending:
     weights: list[torch.Tensor] | None = None  # stashed weights (weight-stashing modes)
     rng: RngState | None = None  # the RNG state before the forward, if it drew random numbers (recomputing modes)
     unit_rngs: list[RngState | None] | None = None  # the same per member of a reversible StageGroup
+    reference: Activation | None = None  # a copy of the input, to measure its reconstruction (sampled check)
 
     def tensors(self) -> list[torch.Tensor]:
         held = list(self.saved)
-        for value in (self.inputs, self.outputs):
+        for value in (self.inputs, self.outputs, self.reference):
             if value is not None:
                 held.extend(as_tuple(value))
         return held
@@ -80,6 +83,9 @@ class StageWorker:
 
     Randomness: every later evaluation of a micro-batch (recomputation, inversion) replays the RNG state of its
     forward, so it draws the same dropout mask (see `randomness`).
+
+    Precision: every evaluation of the stage runs under the policy's autocast, and what leaves the stage is cast
+    to the stream dtype; with fp16, gradients are scaled by the stage's own loss scale (see `precision`).
     """
 
     def __init__(
@@ -95,6 +101,8 @@ class StageWorker:
         on_update: UpdateHook | None = None,
         reduce_gradients: Callable[[list[nn.Parameter]], None] | None = None,
         max_grad_norm: float | None = None,
+        precision: Precision | None = None,
+        check_reconstruction_every: int | None = None,
     ):
         self.index = index
         self.stage = stage
@@ -110,6 +118,10 @@ class StageWorker:
         self.on_update = on_update
         self.reduce_gradients = reduce_gradients
         self.max_grad_norm = max_grad_norm
+        self.precision = precision or Precision()
+        self.check_every = check_reconstruction_every if self.reconstructs else None
+        p = self.precision
+        self.loss_scale = LossScale(p.initial_scale, p.growth_interval) if p.scales_loss else None
         self.params = [p for p in stage.parameters() if p.requires_grad]
         self.units = units(stage) if self.reconstructs else [stage]
         self.counters = StageCounters()
@@ -127,15 +139,17 @@ class StageWorker:
         if self.mode.keeps_graph:
             leaves = detached(inputs, requires_grad=not self.is_first)
             with torch.enable_grad(), recording_saved_tensors(exclude=self.params) as saved:
-                outputs = self.stage(leaves)
+                outputs = self._evaluate(leaves)
             pending.saved = saved
             pending.inputs, pending.outputs = leaves, outputs
             outputs = detached(outputs)
         else:
-            with torch.no_grad(), frozen_running_stats(self.stage):
-                outputs = self._forward_recording_rng(inputs, pending)
+            with torch.no_grad(), frozen_running_stats(self.stage), self._autocast(inputs):
+                outputs = self.precision.cast_streams(self._forward_recording_rng(inputs, pending))
             if not self.reconstructs:
                 pending.inputs = detached(inputs)
+            elif self.check_every and micro_batch % self.check_every == 0:
+                pending.reference = like(inputs, tuple(t.detach().clone() for t in as_tuple(inputs)))
         self._pending[micro_batch] = pending
         self.counters.forwards += 1
         self._track_peak()
@@ -149,16 +163,22 @@ class StageWorker:
         only when the stage reconstructs its input. Returns (input, gradient of the input); the input is what
         the previous stage receives back, None at the first stage."""
         pending = self._take(micro_batch)
+        if self.loss_scale is not None:
+            grad_outputs = self.loss_scale.scale_incoming(grad_outputs)
         if self.reconstructs:
             if outputs is None:
                 raise PipelineError(f"stage {self.index} reconstructs its input but received no output to invert")
             if pending.weights is None:
-                inputs, grad_inputs = self._reconstruct(outputs, grad_outputs, pending)
+                with self._autocast(outputs):
+                    inputs, grad_inputs = self._reconstruct(outputs, grad_outputs, pending)
             else:
-                with torch.no_grad(), frozen_running_stats(self.stage):
+                with torch.no_grad(), frozen_running_stats(self.stage), self._autocast(outputs):
                     inputs = self._reconstruct(outputs, None, pending)
                 with replaying(pending.rng):
                     grad_inputs = self._recompute_and_backward(inputs, grad_outputs, pending.weights)
+            if pending.reference is not None:
+                self.counters.reconstruction_error = relative_error(inputs, pending.reference)
+                self.counters.reconstruction_checks += 1
         elif self.mode.keeps_graph:
             torch.autograd.backward(as_tuple(pending.outputs), as_tuple(grad_outputs))
             inputs, grad_inputs = pending.inputs, self._leaf_grads(pending.inputs)
@@ -169,7 +189,7 @@ class StageWorker:
         self._count_backward(micro_batch)
         if self.is_first:
             return None, None
-        return detached(inputs), grad_inputs
+        return detached(inputs), self._outgoing(grad_inputs)
 
     @_timed
     def forward_backward_last(
@@ -179,12 +199,15 @@ class StageWorker:
         self.counters.forwards += 1
         leaves = detached(inputs, requires_grad=not self.is_first)
         with torch.enable_grad():
-            loss = loss_fn(self.stage(leaves), targets)
-            loss.backward()
+            with self._autocast(leaves):
+                loss = loss_fn(self.stage(leaves), targets)
+            if loss.dtype in LOW_PRECISION:
+                loss = loss.float()
+            (loss if self.loss_scale is None else loss * self.loss_scale.scale).backward()
         self._count_backward(micro_batch)
         if self.is_first:
             return loss.detach(), None, None
-        return loss.detach(), detached(leaves), self._leaf_grads(leaves)
+        return loss.detach(), detached(leaves), self._outgoing(self._leaf_grads(leaves))
 
     # -- updates ----------------------------------------------------------------------------------------------------
     @_timed
@@ -198,9 +221,13 @@ class StageWorker:
             return False
         self._group_ends.discard(self.group[-1])
         scale = 1.0 / len(self.group)
+        if self.loss_scale is not None:
+            scale /= self.loss_scale.scale
         for param in self.params:
             if param.grad is not None:
                 param.grad.mul_(scale)
+        if self.loss_scale is not None and self._skip_overflowed_group():
+            return False
         if self.reduce_gradients is not None:
             self.reduce_gradients(self.params)
         if self.max_grad_norm:
@@ -215,7 +242,27 @@ class StageWorker:
             param.grad = None
         self.group.clear()
         self.counters.updates += 1
+        if self.loss_scale is not None:
+            self.loss_scale.updated()
         return True
+
+    def _skip_overflowed_group(self) -> bool:
+        """fp16: drop the group (no optimizer or scheduler step) if a gradient of it was not finite, here or above
+        (see `precision`)."""
+        if not self.loss_scale.group_overflowed(self.params, self._replicas_skip if self.reduce_gradients else None):
+            return False
+        for param in self.params:
+            param.grad = None
+        self.group.clear()
+        self.counters.skipped_updates += 1
+        return True
+
+    def _replicas_skip(self, skip: bool) -> bool:
+        """Whether any replica of this stage skips (one all-reduce of a flag, through `reduce_gradients`)."""
+        device = self.params[0].device if self.params else None
+        flag = SimpleNamespace(grad=torch.tensor([float(skip)], device=device))  # all `reduce_gradients` reads
+        self.reduce_gradients([flag])
+        return bool(flag.grad.item() > 0)
 
     def end_group_after(self, micro_batch: int) -> None:
         """Close the current accumulation group once `micro_batch` has been backpropagated here."""
@@ -255,6 +302,18 @@ class StageWorker:
         self.group.append(micro_batch)
         self._track_peak()
 
+    def _autocast(self, value: Activation):
+        return self.precision.autocast(as_tuple(value)[0].device)
+
+    def _evaluate(self, inputs: Activation) -> Activation:
+        """The stage under the policy's autocast, its outputs in the stream dtype (part of the graph)."""
+        with self._autocast(inputs):
+            outputs = self.stage(inputs)
+        return self.precision.cast_streams(outputs)
+
+    def _outgoing(self, grad_inputs: Activation) -> Activation:
+        return grad_inputs if self.loss_scale is None else self.loss_scale.unscale_outgoing(grad_inputs)
+
     def _forward_recording_rng(self, inputs: Activation, pending: _Pending) -> Activation:
         """The forward, keeping in `pending` the RNG state it started from if it drew random numbers (per unit of
         a reversible StageGroup, whose reconstruction runs the units last to first)."""
@@ -292,7 +351,7 @@ class StageWorker:
     def _recompute_and_backward(self, inputs, grad_outputs, weights) -> Activation | None:
         leaves = detached(inputs, requires_grad=not self.is_first)
         with _weights(self.params, weights), torch.enable_grad():
-            outputs = self.stage(leaves)
+            outputs = self._evaluate(leaves)
             torch.autograd.backward(as_tuple(outputs), as_tuple(grad_outputs))
         return None if self.is_first else self._leaf_grads(leaves)
 

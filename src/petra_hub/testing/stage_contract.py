@@ -8,10 +8,14 @@
 
 Each case is (stage, the input it receives). Work in float64 with batch norms in training mode: the checks are
 exact up to rounding (inverse(forward(x)) == x to 1e-12, the fused backward equal to autograd to 1e-10), and the
-fused backward must evaluate every parameterised sub-module exactly once.
+fused backward must evaluate every parameterised sub-module exactly once. Under bf16 autocast (on float32 copies)
+a reversible stage must return its streams in the dtype it received them in, so that the coupling and the
+reconstruction round in float32 (`petra_hub.engine.precision`).
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 from torch import nn
@@ -92,3 +96,18 @@ class ReversibleStageContract:
                 assert relative_error(got, want) < self.gradient_tolerance
             for param, want in zip(params, expected[len(leaves) :]):
                 assert relative_error(param.grad, want) < self.gradient_tolerance
+
+    def test_streams_keep_their_dtype_under_autocast(self, stage_cases):
+        """F may run in bf16; the streams, the coupling and the reconstruction stay float32 (at frozen weights the
+        reconstruction is then as exact as in float32)."""
+        for stage, x in stage_cases:
+            stage = copy.deepcopy(stage).float()
+            x = tuple(t.float() for t in as_tuple(x)) if isinstance(x, tuple) else x.float()
+            with torch.no_grad(), frozen_running_stats(stage), torch.autocast("cpu", dtype=torch.bfloat16):
+                y = stage(x)
+                rebuilt = stage.inverse(y)
+                fused, grads = stage.reconstruct_and_backward(y, y)
+            for value in (y, rebuilt, fused, grads):
+                assert {t.dtype for t in as_tuple(value)} == {torch.float32}, type(stage).__name__
+            for got, fused_got, want in zip(as_tuple(rebuilt), as_tuple(fused), as_tuple(x)):
+                assert relative_error(got, want) < 1e-5 and relative_error(fused_got, want) < 1e-5

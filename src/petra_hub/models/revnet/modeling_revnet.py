@@ -89,7 +89,8 @@ class RevNetStem(nn.Module):
 class ReversibleBlock(nn.Module):
     """y1 = x2 + F(x1), y2 = x1; with `squeeze`, both streams are pixel-unshuffled (2x2 -> 4x channels) first.
 
-    `width` is the stream width the coupling works at (after squeezing).
+    `width` is the stream width the coupling works at (after squeezing). Under autocast F runs in low precision
+    and the coupling in the streams' own dtype, so the streams keep the dtype they arrive in.
     """
 
     reversible = True
@@ -103,11 +104,11 @@ class ReversibleBlock(nn.Module):
         x1, x2 = streams
         if self.squeeze:
             x1, x2 = functional.pixel_unshuffle(x1, 2), functional.pixel_unshuffle(x2, 2)
-        return x2 + self.residual(x1), x1
+        return x2 + self.residual(x1).to(x2.dtype), x1
 
     def inverse(self, streams: Streams) -> Streams:
         y1, y2 = streams
-        x1, x2 = y2, y1 - self.residual(y2)
+        x1, x2 = y2, y1 - self.residual(y2).to(y1.dtype)
         if self.squeeze:
             x1, x2 = functional.pixel_shuffle(x1, 2), functional.pixel_shuffle(x2, 2)
         return x1, x2
@@ -122,7 +123,7 @@ class ReversibleBlock(nn.Module):
         g1, g2 = output_grads
         x1 = y2.detach().requires_grad_(True)
         with torch.enable_grad():
-            f = self.residual(x1)
+            f = self.residual(x1).to(y1.dtype)
         f.backward(g1)
         x2 = y1.detach() - f.detach()
         grad_x1, grad_x2 = g2 + x1.grad, g1

@@ -1,0 +1,103 @@
+"""The byte layout of a message between two stages: activations (and gradients) packed into one uint8 buffer.
+
+Each part of a message travels in its own dtype: the stream dtype, or a narrower wire dtype (`Precision.messages`)
+for activations and gradients. An fp16 tensor on the wire is first multiplied by a power of two that brings its
+largest magnitude near 2**14 (exact, and it keeps small gradients out of fp16's subnormal range); the float32
+factors lead the message. Both ends derive the layout from the handshake's shapes, so only payload bytes travel.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .tensors import Activation, as_tuple
+from .transport import ActivationSpec
+
+_FP16_TARGET = 2.0**14
+
+
+@dataclass(frozen=True)
+class Part:
+    """One activation of a message: its shape and dtype (`spec`) and the dtype it travels in (None: its own)."""
+
+    spec: ActivationSpec
+    wire: torch.dtype | None = None
+
+    def wire_dtype(self, index: int) -> torch.dtype:
+        own = self.spec.tensors[index].dtype
+        return own if self.wire is None or not own.is_floating_point else self.wire
+
+    def scaled(self, index: int) -> bool:
+        return self.wire_dtype(index) == torch.float16 and self.spec.tensors[index].dtype != torch.float16
+
+
+def message_bytes(parts: list[Part], batch: int) -> int:
+    total = 0
+    for part in parts:
+        for index, spec in enumerate(part.spec.tensors):
+            total += spec.numel(batch) * part.wire_dtype(index).itemsize + (4 if part.scaled(index) else 0)
+    return total
+
+
+def encode(values: list[Activation], parts: list[Part]) -> torch.Tensor:
+    """One uint8 buffer holding `values` as `parts` describes them."""
+    factors, payloads = [], []
+    for value, part in zip(values, parts):
+        for index, tensor in enumerate(as_tuple(value)):
+            wire = part.wire_dtype(index)
+            if part.scaled(index):
+                factor = _fp16_factor(tensor)
+                factors.append(factor)
+                tensor = tensor * factor
+            payloads.append(tensor.reshape(-1).to(wire).view(torch.uint8))
+    if factors:
+        device = payloads[0].device
+        payloads.insert(0, torch.tensor(factors, dtype=torch.float32, device=device).view(torch.uint8))
+    return torch.cat(payloads) if len(payloads) > 1 else payloads[0].contiguous()
+
+
+def decode(buffer: torch.Tensor, parts: list[Part], batch: int) -> list[Activation]:
+    """The activations of a buffer `encode` made, each in its own dtype."""
+    scaled = sum(part.scaled(i) for part in parts for i in range(len(part.spec.tensors)))
+    factors = _view(buffer[: 4 * scaled], torch.float32).tolist() if scaled else []
+    offset, values = 4 * scaled, []
+    for part in parts:
+        tensors = []
+        for index, spec in enumerate(part.spec.tensors):
+            wire = part.wire_dtype(index)
+            size = spec.numel(batch) * wire.itemsize
+            tensor = _view(buffer[offset : offset + size], wire).view(batch, *spec.shape)
+            offset += size
+            if part.scaled(index):
+                tensor = tensor.to(spec.dtype) / factors.pop(0)
+            elif wire != spec.dtype:
+                tensor = tensor.to(spec.dtype)
+            tensors.append(tensor)
+        values.append(tuple(tensors) if part.spec.is_tuple else tensors[0])
+    return values
+
+
+def round_trip(values: list[Activation], parts: list[Part]) -> list[Activation]:
+    """What the receiving stage would get: the identity unless some part travels in a narrower dtype."""
+    if all(part.wire is None or all(part.wire_dtype(i) == t.dtype for i, t in enumerate(part.spec.tensors))
+           for part in parts):
+        return values
+    batch = as_tuple(values[0])[0].shape[0]
+    return decode(encode(values, parts), parts, batch)
+
+
+def _fp16_factor(tensor: torch.Tensor) -> float:
+    largest = float(tensor.detach().abs().max()) if tensor.numel() else 0.0
+    if largest == 0.0 or not math.isfinite(largest):
+        return 1.0  # a non-finite gradient must arrive non-finite (see precision: overflows travel down)
+    return 2.0 ** max(-24, min(24, math.floor(math.log2(_FP16_TARGET / largest))))
+
+
+def _view(chunk: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Reinterpret bytes as `dtype` (copying first if the chunk does not start on a multiple of its size)."""
+    if chunk.storage_offset() % dtype.itemsize:
+        chunk = chunk.clone()
+    return chunk.view(dtype)
