@@ -19,6 +19,7 @@ from torch import nn
 
 from .accounting import MemoryStats, StageCounters
 from .collectives import average_buffers, average_gradients, gather_stages
+from .compilation import compile_stage
 from .errors import Breaker, PipelineError
 from .handshake import check_same_spec, handshake, input_spec_of
 from .modes import Mode
@@ -63,6 +64,7 @@ class Pipeline:
         precision: a `Precision` or "bf16" / "fp16" (see `petra_hub.engine.precision`); default: stages' own dtype.
         check_reconstruction_every: every this many micro-batches, each reconstructing stage measures the relative
             error of the input it rebuilds against a copy of the one it received (`counters()`); None: off.
+        compile_options: compile this rank's stages with `torch.compile(**compile_options)` (see `compilation`).
 
     Every rank calls `step` with the same micro-batches in the same order (rank 0 uses the inputs, the rank of
     the last stage uses the targets), and `end_group` and `drain` at the same points. An exception inside an
@@ -89,6 +91,7 @@ class Pipeline:
         max_grad_norm: float | None = None,
         precision: Precision | str | None = None,
         check_reconstruction_every: int | None = None,
+        compile_options: dict[str, Any] | None = None,
     ):
         if not stages:
             raise ValueError("a pipeline needs at least one stage")
@@ -143,6 +146,8 @@ class Pipeline:
             stage = self.stages[index]
             if self.device is not None:
                 stage.to(self.device)
+            if compile_options is not None:
+                compile_stage(stage, **compile_options)
             optimizer = optimizer_factory(index, stage) if optimizer_factory is not None else None
             scheduler = scheduler_factory(index, optimizer) if scheduler_factory and optimizer else None
             self.workers[index] = StageWorker(
@@ -312,14 +317,7 @@ class Pipeline:
         self._breaker.check()
         if self.undrained:
             raise PipelineError("state_dict() needs a drained pipeline: call drain() first")
-        return {
-            index: {
-                "optimizer": worker.optimizer.state_dict() if worker.optimizer is not None else None,
-                "scheduler": worker.scheduler.state_dict() if worker.scheduler is not None else None,
-                "loss_scale": worker.loss_scale.state_dict() if worker.loss_scale is not None else None,
-            }
-            for index, worker in self.workers.items()
-        }
+        return {index: worker.state_dict() for index, worker in self.workers.items()}
 
     def load_state_dict(self, state: dict[int, dict[str, Any]]) -> None:
         """Restore what `state_dict` returned (entries of stages on other ranks are ignored)."""
@@ -327,13 +325,7 @@ class Pipeline:
         if missing:
             raise KeyError(f"no saved optimizer state for stage(s) {missing} of {self.placement.describe(self.rank)}")
         for index, worker in self.workers.items():
-            saved = state[index]
-            if worker.optimizer is not None and saved.get("optimizer") is not None:
-                worker.optimizer.load_state_dict(saved["optimizer"])
-            if worker.scheduler is not None and saved.get("scheduler") is not None:
-                worker.scheduler.load_state_dict(saved["scheduler"])
-            if worker.loss_scale is not None and saved.get("loss_scale") is not None:
-                worker.loss_scale.load_state_dict(saved["loss_scale"])
+            worker.load_state_dict(state[index])
 
     def last_lr(self) -> float | None:
         """The learning rate of this rank's first stage (every stage follows the same schedule), None without an

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import torch
@@ -16,8 +14,9 @@ from .batchnorm import frozen_running_stats
 from .errors import PipelineError
 from .accounting import MemoryStats, StageCounters, nbytes, recording_saved_tensors, relative_error
 from .modes import Mode
+from .pending import Pending, stashed_weights
 from .precision import LOW_PRECISION, LossScale, Precision
-from .randomness import RngState, capture, drawn_since, replaying, units
+from .randomness import capture, drawn_since, replaying, units
 from .tensors import Activation, as_tuple, detached, like
 
 UpdateHook = Callable[[int, list[int], nn.Module], None]
@@ -36,42 +35,6 @@ def _timed(method):
             self.counters.compute_seconds += time.process_time() - start
 
     return timed
-
-
-@dataclass
-class _Pending:
-    """What a stage keeps between the forward and the backward of one micro-batch."""
-
-    inputs: Activation | None = None  # stored input (non-reversible stages, input-buffer modes)
-    outputs: Activation | None = None  # output with its graph (backprop)
-    saved: list[torch.Tensor] = field(default_factory=list)  # tensors the graph saved (backprop)
-    weights: list[torch.Tensor] | None = None  # stashed weights (weight-stashing modes)
-    rng: RngState | None = None  # the RNG state before the forward, if it drew random numbers (recomputing modes)
-    unit_rngs: list[RngState | None] | None = None  # the same per member of a reversible StageGroup
-    reference: Activation | None = None  # a copy of the input, to measure its reconstruction (sampled check)
-
-    def tensors(self) -> list[torch.Tensor]:
-        held = list(self.saved)
-        for value in (self.inputs, self.outputs, self.reference):
-            if value is not None:
-                held.extend(as_tuple(value))
-        return held
-
-
-@contextlib.contextmanager
-def _weights(params: list[nn.Parameter], values: list[torch.Tensor] | None) -> Iterator[None]:
-    """Temporarily run with `values` as the parameters' data (weight stashing)."""
-    if values is None:
-        yield
-        return
-    current = [p.data for p in params]
-    for param, value in zip(params, values):
-        param.data = value
-    try:
-        yield
-    finally:
-        for param, value in zip(params, current):
-            param.data = value
 
 
 class StageWorker:
@@ -126,14 +89,14 @@ class StageWorker:
         self.units = units(stage) if self.reconstructs else [stage]
         self.counters = StageCounters()
         self.group: list[int] = []  # micro-batches whose gradients are accumulated and not yet applied
-        self._pending: dict[int, _Pending] = {}
+        self._pending: dict[int, Pending] = {}
         self._group_ends: set[int] = set()  # micro-batches after which a group closes before reaching k
         self._peak = 0
 
     # -- the two halves of a tick ---------------------------------------------------------------------------------
     @_timed
     def forward(self, micro_batch: int, inputs: Activation) -> Activation:
-        pending = _Pending()
+        pending = Pending()
         if self.mode.stashes_weights:
             pending.weights = [p.detach().clone() for p in self.params]
         if self.mode.keeps_graph:
@@ -264,6 +227,19 @@ class StageWorker:
         self.reduce_gradients([flag])
         return bool(flag.grad.item() > 0)
 
+    def state_dict(self) -> dict:
+        """The optimizer, LR-scheduler and fp16 loss-scale states (None where the stage has none)."""
+        return {
+            name: part.state_dict() if part is not None else None
+            for name, part in (("optimizer", self.optimizer), ("scheduler", self.scheduler),
+                               ("loss_scale", self.loss_scale))
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, part in (("optimizer", self.optimizer), ("scheduler", self.scheduler), ("loss_scale", self.loss_scale)):
+            if part is not None and state.get(name) is not None:
+                part.load_state_dict(state[name])
+
     def end_group_after(self, micro_batch: int) -> None:
         """Close the current accumulation group once `micro_batch` has been backpropagated here."""
         self._group_ends.add(micro_batch)
@@ -287,7 +263,7 @@ class StageWorker:
         self._peak = 0
 
     # -- helpers ----------------------------------------------------------------------------------------------------
-    def _take(self, micro_batch: int) -> _Pending:
+    def _take(self, micro_batch: int) -> Pending:
         if micro_batch not in self._pending:
             raise PipelineError(f"stage {self.index} has no forward record of micro-batch {micro_batch}")
         return self._pending.pop(micro_batch)
@@ -314,7 +290,7 @@ class StageWorker:
     def _outgoing(self, grad_inputs: Activation) -> Activation:
         return grad_inputs if self.loss_scale is None else self.loss_scale.unscale_outgoing(grad_inputs)
 
-    def _forward_recording_rng(self, inputs: Activation, pending: _Pending) -> Activation:
+    def _forward_recording_rng(self, inputs: Activation, pending: Pending) -> Activation:
         """The forward, keeping in `pending` the RNG state it started from if it drew random numbers (per unit of
         a reversible StageGroup, whose reconstruction runs the units last to first)."""
         device = as_tuple(inputs)[0].device
@@ -331,7 +307,7 @@ class StageWorker:
         pending.rng = drawn_since(before)
         return outputs
 
-    def _reconstruct(self, outputs: Activation, grad_outputs: Activation | None, pending: _Pending):
+    def _reconstruct(self, outputs: Activation, grad_outputs: Activation | None, pending: Pending):
         """Rebuild the input from `outputs` by inversion (`grad_outputs` None) or by the fused reconstruction and
         backward (returns (input, gradient of input)), replaying the forward's randomness."""
         fused = grad_outputs is not None
@@ -350,7 +326,7 @@ class StageWorker:
 
     def _recompute_and_backward(self, inputs, grad_outputs, weights) -> Activation | None:
         leaves = detached(inputs, requires_grad=not self.is_first)
-        with _weights(self.params, weights), torch.enable_grad():
+        with stashed_weights(self.params, weights), torch.enable_grad():
             outputs = self._evaluate(leaves)
             torch.autograd.backward(as_tuple(outputs), as_tuple(grad_outputs))
         return None if self.is_first else self._leaf_grads(leaves)
