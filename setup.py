@@ -25,6 +25,6 @@ setup(
         "pyyaml",
         "pillow",
     ],
-    extras_require={"test": ["pytest>=8"]},
+    extras_require={"test": ["pytest>=8", "matplotlib>=3.7"], "plots": ["matplotlib>=3.7"]},
     entry_points={"console_scripts": ["petra-train=petra_hub.training.recipe:main"]},
 )

@@ -76,7 +76,7 @@ def test_entries_are_well_formed():
      "load_best_model_at_end", "hub_strategy", "do_train"],
 )  # fmt: skip
 def test_the_reported_no_ops_are_settled(name):
-    expected = {"bf16": REFUSED, "fp16": REFUSED, "torch_compile": REFUSED, "do_train": NOT_APPLICABLE}
+    expected = {"do_train": NOT_APPLICABLE}
     assert TRAINING_ARGUMENT_SUPPORT[name].status == expected.get(name, HONOURED)
 
 
@@ -162,7 +162,7 @@ def test_refused_field_raises_naming_it(name, tmp_path):
     assert TRAINING_ARGUMENT_SUPPORT[name].note in message  # why, and what to do instead
 
 
-@pytest.mark.parametrize("name", ["bf16", "torch_compile", "gradient_checkpointing", "include_num_input_tokens_seen"])
+@pytest.mark.parametrize("name", ["bf16_full_eval", "gradient_checkpointing", "include_num_input_tokens_seen"])
 def test_a_refused_field_at_its_default_or_its_equivalent_is_accepted(name, tmp_path):
     equivalent = {"gradient_checkpointing": False, "include_num_input_tokens_seen": False}
     value = equivalent.get(name, default_of(FIELDS[name]))
@@ -171,8 +171,8 @@ def test_a_refused_field_at_its_default_or_its_equivalent_is_accepted(name, tmp_
 
 
 def test_the_first_refused_field_is_named(tmp_path):
-    with pytest.raises(ValueError, match=r"^fp16=True"):  # fp16 comes before torch_compile in the dataclass
-        PetraTrainingArguments(output_dir=str(tmp_path), report_to="none", torch_compile=True, fp16=True)
+    with pytest.raises(ValueError, match=r"^fp16_full_eval=True"):  # it comes before use_liger_kernel
+        PetraTrainingArguments(output_dir=str(tmp_path), report_to="none", use_liger_kernel=True, fp16_full_eval=True)
 
 
 def test_rebuilt_arguments_are_accepted(tmp_path):
@@ -188,12 +188,12 @@ def test_a_subclass_cannot_turn_a_refused_feature_on_by_default(tmp_path):
 
     @dataclasses.dataclass
     class Custom(PetraTrainingArguments):
-        bf16: bool = True
+        bf16_full_eval: bool = True
         my_knob: int = 3
 
-    with pytest.raises(ValueError, match=r"^bf16=True"):
+    with pytest.raises(ValueError, match=r"^bf16_full_eval=True"):
         Custom(output_dir=str(tmp_path), report_to="none")
-    assert Custom(output_dir=str(tmp_path), report_to="none", bf16=False).my_knob == 3
+    assert Custom(output_dir=str(tmp_path), report_to="none", bf16_full_eval=False).my_knob == 3
 
 
 @pytest.mark.parametrize(

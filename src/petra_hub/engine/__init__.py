@@ -13,6 +13,8 @@ from .accounting import MemoryStats, StageCounters
 from .modes import Mode
 from .optim import paper_sgd
 from .pipeline import Pipeline
+from .precision import Precision
+from .compilation import compile_stage
 from .placement import Placement, replica_of
 from .schedule import Schedule
 from .worker import StageWorker
@@ -24,11 +26,13 @@ __all__ = [
     "Pipeline",
     "PipelineError",
     "Placement",
+    "Precision",
     "Schedule",
     "StageCounters",
     "StageMismatchError",
     "StageGroup",
     "StageWorker",
+    "compile_stage",
     "merge_stages",
     "stage_layout",
     "paper_sgd",

@@ -8,7 +8,7 @@ from functools import cached_property
 import torch
 from transformers import TrainingArguments
 
-from ..engine import Mode
+from ..engine import Mode, Precision
 from .distributed import init_distributed
 from .support import check_supported
 
@@ -50,6 +50,25 @@ class PetraTrainingArguments(TrainingArguments):
     petra_timeout: float = field(
         default=120.0, metadata={"help": "Seconds before a dead or stalled peer process becomes an error."}
     )
+    petra_streams: str = field(
+        default="fp32",
+        metadata={"help": "With bf16 or fp16: dtype of the streams between stages, fp32 (the coupling and the "
+                          "reconstruction round in float32) or bf16."},
+    )
+    petra_message_dtype: str | None = field(
+        default=None,
+        metadata={"help": "bf16 or fp16: activations and gradients cross stage boundaries in this dtype (what a "
+                          "stage sends back for reconstruction keeps the stream dtype); default: the stream dtype."},
+    )
+    petra_check_reconstruction_every: int = field(
+        default=0,
+        metadata={"help": "Every N micro-batches, each reversible stage measures the relative error of the input "
+                          "it rebuilds; logged as reconstruction_error (0: off)."},
+    )
+    petra_reconstruction_warning: float = field(
+        default=0.05,
+        metadata={"help": "Warn when the logged reconstruction_error exceeds this relative error."},
+    )
 
     def __post_init__(self):
         Mode.parse(self.petra_mode)
@@ -62,6 +81,11 @@ class PetraTrainingArguments(TrainingArguments):
         if self.petra_num_stages is not None and self.petra_num_stages < 1:
             raise ValueError(f"petra_num_stages must be >= 1, got {self.petra_num_stages}")
         self.partition_sizes()  # validates the format
+        self.precision()
+        if self.petra_check_reconstruction_every < 0:
+            raise ValueError(
+                f"petra_check_reconstruction_every must be >= 0 (0: off), got {self.petra_check_reconstruction_every}"
+            )
         self.milestones()
         check_supported(self)
         if not torch.cuda.is_available():
@@ -95,6 +119,27 @@ class PetraTrainingArguments(TrainingArguments):
             raise ValueError(
                 f"petra_lr_milestones must be comma-separated epochs like '150,225', got {self.petra_lr_milestones!r}"
             ) from None
+
+    def precision(self) -> Precision:
+        """The engine's precision policy from bf16 / fp16, petra_streams and petra_message_dtype."""
+        if self.petra_streams not in ("fp32", "bf16"):
+            raise ValueError(f"petra_streams must be 'fp32' or 'bf16', got {self.petra_streams!r}")
+        compute = "bf16" if self.bf16 else "fp16" if self.fp16 else None
+        if compute is None and self.petra_streams != "fp32":
+            raise ValueError("petra_streams='bf16' needs bf16=True or fp16=True (stages without autocast compute in "
+                             "their parameters' float32 and cannot take bf16 streams)")
+        if self.petra_message_dtype not in (None, "bf16", "fp16"):
+            raise ValueError(f"petra_message_dtype must be 'bf16', 'fp16' or None, got {self.petra_message_dtype!r}")
+        return Precision.of(compute, streams=self.petra_streams if compute else None, messages=self.petra_message_dtype)
+
+    def compile_options(self) -> dict | None:
+        """torch.compile options for the stages (torch_compile, torch_compile_backend, torch_compile_mode)."""
+        if not self.torch_compile:
+            return None
+        options = {"backend": self.torch_compile_backend or "inductor"}
+        if self.torch_compile_mode:
+            options["mode"] = self.torch_compile_mode
+        return options
 
     def micro_batch_learning_rate(self) -> float:
         """The learning rate the stages' optimizers start from (after the paper's scaling, if asked)."""

@@ -7,9 +7,12 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from transformers.utils import logging
 
 from ..engine import Pipeline
 from .distributed import all_reduce_sum
+
+logger = logging.get_logger(__name__)
 
 
 @dataclass
@@ -52,3 +55,21 @@ def grad_norm(pipeline: Pipeline, device, replicas: int) -> float:
     squares = sum(c.grad_norm**2 for c in pipeline.counters().values() if c.grad_norm is not None)
     total = all_reduce_sum(torch.tensor([squares], dtype=torch.float64), device)
     return math.sqrt(float(total[0]) / replicas)  # replicas hold equal gradients
+
+
+def reconstruction_error(pipeline: Pipeline, args) -> dict[str, float]:
+    """The largest relative error among the inputs the reversible stages last rebuilt and checked (a collective),
+    as a log entry; warns when it exceeds `args.petra_reconstruction_warning`."""
+    stages, replicas = pipeline.num_stages, args.petra_data_parallel
+    errors = torch.zeros(stages * replicas, dtype=torch.float64)
+    for index, counters in pipeline.counters().items():
+        if counters.reconstruction_error is not None:
+            errors[pipeline.replica * stages + index] = counters.reconstruction_error
+    worst = float(all_reduce_sum(errors, args.device).max())
+    if worst > args.petra_reconstruction_warning:
+        logger.warning(
+            "reconstruction_error %.3g exceeds petra_reconstruction_warning %g: the inputs the reversible stages "
+            "rebuild drift from those they received (lower the learning rate, or use float32 streams)",
+            worst, args.petra_reconstruction_warning,
+        )
+    return {"reconstruction_error": worst}

@@ -37,13 +37,13 @@ def _not_applicable(note: str) -> FieldSupport:
     return FieldSupport(NOT_APPLICABLE, note)
 
 
-_PRECISION = _refused(
-    "mixed precision and compilation come with the precision issue; until then they would be silently ignored "
-    "(the stages run in float32)"
+_FULL_EVAL = _refused(
+    "evaluation runs under the training precision policy; casting the weights for evaluation would need a second "
+    "copy of them, which PETRA avoids (use bf16 / fp16, which evaluate under autocast too)"
 )
-_COMPILE = _refused(
-    "mixed precision and compilation come with the precision issue; until then they would be silently ignored "
-    "(the stages run eagerly)"
+_COMPILE = _honoured(
+    "torch.compile of each stage on its rank (reversible stages: their F and G, used by forward, inversion and "
+    "the fused backward), with torch_compile_backend (default inductor) and torch_compile_mode"
 )
 _DDP = _refused(
     "the model is never wrapped in DistributedDataParallel: pipeline replicas (petra_data_parallel) average their "
@@ -101,10 +101,16 @@ TRAINING_ARGUMENT_SUPPORT: dict[str, FieldSupport] = {
     ),
     "label_smoothing_factor": _honoured("cross-entropy label smoothing at the last stage"),
     # -- precision, memory and speed -----------------------------------------------------------------------------
-    "bf16": _PRECISION,
-    "fp16": _PRECISION,
-    "bf16_full_eval": _PRECISION,
-    "fp16_full_eval": _PRECISION,
+    "bf16": _honoured(
+        "stages compute under bf16 autocast with float32 master weights; streams between stages float32 unless "
+        "petra_streams=bf16 (see docs/precision.md)"
+    ),
+    "fp16": _honoured(
+        "stages compute under fp16 autocast with a dynamic loss scale per stage; an overflow drops that micro-batch's "
+        "accumulation group from the overflowing stage down (see docs/precision.md)"
+    ),
+    "bf16_full_eval": _FULL_EVAL,
+    "fp16_full_eval": _FULL_EVAL,
     "tf32": _honoured(
         "TrainingArguments sets torch's global TF32 switch, which the stages' matmuls and convolutions follow "
         "(Ampere or newer GPUs)"
@@ -296,6 +302,14 @@ TRAINING_ARGUMENT_SUPPORT: dict[str, FieldSupport] = {
     "petra_lr_gamma": _honoured("LR factor at each of petra_lr_milestones"),
     "petra_data_parallel": _honoured("D pipeline replicas over the W = P x D processes, each reading its own share"),
     "petra_timeout": _honoured("seconds before a dead or stalled peer process becomes an error"),
+    "petra_streams": _honoured("with bf16 or fp16: dtype of the streams between stages (fp32 default, or bf16)"),
+    "petra_message_dtype": _honoured(
+        "bf16 or fp16: dtype activations and gradients cross stage boundaries in (reconstruction payloads excepted)"
+    ),
+    "petra_check_reconstruction_every": _honoured(
+        "sampled check of the inputs reversible stages rebuild, logged as reconstruction_error (0: off)"
+    ),
+    "petra_reconstruction_warning": _honoured("a logged reconstruction_error above this relative error warns"),
     # -- added back by PetraTrainingArguments (transformers 5 dropped it) ---------------------------------------------
     "overwrite_output_dir": _honoured(
         "train into an output_dir that already holds another run's checkpoints or model (refused otherwise)"

@@ -33,7 +33,7 @@ from .checkpoint import PetraState, load_best_model, load_stage_states, validate
 from .distributed import broadcast_module, raise_on_every_rank, world_size
 from .evaluation import run_inference
 from .guards import RunLock, check_finite, check_not_another_run, check_output_dir
-from .losses import LossWindow, collect, grad_norm
+from .losses import LossWindow, collect, grad_norm, reconstruction_error
 from .optimization import optimizer_factory, scheduler_factory
 from .sampler import EpochSampler
 
@@ -132,6 +132,9 @@ class PetraTrainer(Trainer):
             device=args.device,
             timeout=args.petra_timeout,
             max_grad_norm=args.max_grad_norm or None,
+            precision=args.precision(),
+            check_reconstruction_every=args.petra_check_reconstruction_every or None,
+            compile_options=args.compile_options(),
         )
 
     def _pipeline_for_inference(self) -> Pipeline:
@@ -323,6 +326,8 @@ class PetraTrainer(Trainer):
             self._losses_logged += window.losses
         if self.args.max_grad_norm:
             logs["grad_norm"] = grad_norm(self.pipeline, self.args.device, self.args.petra_data_parallel)
+        if self.args.petra_check_reconstruction_every:
+            logs.update(reconstruction_error(self.pipeline, self.args))
         learning_rate = self.pipeline.last_lr()
         if learning_rate is not None:
             logs["learning_rate"] = learning_rate
