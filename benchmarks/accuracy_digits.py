@@ -4,11 +4,13 @@
     python benchmarks/accuracy_digits.py             # 6 configurations x 3 seeds x 12 epochs (~15 min)
     python benchmarks/accuracy_digits.py --quick     # 1 seed, 1 epoch (~1 min): accuracy_digits-quick.json
     python benchmarks/accuracy_digits.py --configs backprop petra-k2 --seeds 0 1 2 3 4 --out out.json
+    python benchmarks/accuracy_digits.py --configs petra-k1 petra-k1@bf16 --baseline petra-k1 --out out.json
 
 Every run is the recipe's `run(argv)` (`recipes/train_revnet.py`, loaded with `runpy`) in this process, one after
 the other, one intra-op thread; only the mode and k change, and the learning rate follows the paper's linear
 scaling (lr = 0.4 * 32 * k / 256). A configuration is `MODE` or `MODE-kN` (e.g. `petra-k4`, `delayed`,
-`backprop-k2`). Setup and discussion: docs/benchmarks-accuracy.md; tables: `python benchmarks/report.py`.
+`backprop-k2`), optionally with `@PRECISION` (one of `PRECISIONS`, e.g. `petra-k1@bf16`). Setup and discussion:
+docs/benchmarks-accuracy.md and docs/benchmarks-precision.md; tables: `python benchmarks/report.py`.
 """
 
 from __future__ import annotations
@@ -45,10 +47,24 @@ MODES = tuple(Mode.names())
 BASE_LR = 0.4  # with --petra_scale_lr: lr = 0.4 * micro_batch * k / 256
 MICRO_BATCH = 32
 BASELINE = "backprop"
+# Precision policies by name: the recipe flags that select them (docs/precision.md).
+PRECISIONS = {
+    "fp32": [],
+    "bf16": ["--bf16", "true"],
+    "bf16-streams": ["--bf16", "true", "--petra_streams", "bf16"],
+    "fp16": ["--fp16", "true"],
+    "wire-bf16": ["--petra_message_dtype", "bf16"],
+    "wire-fp16": ["--petra_message_dtype", "fp16"],
+    "bf16-wire-bf16": ["--bf16", "true", "--petra_message_dtype", "bf16"],
+}
 
 
-def parse_config(name: str) -> tuple[str, int]:
-    """'petra-k4' -> ('petra', 4); 'delayed' -> ('delayed', 1)."""
+def parse_config(name: str) -> tuple[str, int, str]:
+    """'petra-k4' -> ('petra', 4, 'fp32'); 'delayed' -> ('delayed', 1, 'fp32'); 'petra-k1@bf16' -> (.., 'bf16')."""
+    name, _, precision = name.partition("@")
+    precision = precision or "fp32"
+    if precision not in PRECISIONS:
+        raise argparse.ArgumentTypeError(f"unknown precision {precision!r}; precisions: {', '.join(PRECISIONS)}")
     mode, k = name, 1
     if "-k" in name:
         mode, _, digits = name.rpartition("-k")
@@ -57,12 +73,13 @@ def parse_config(name: str) -> tuple[str, int]:
         k = int(digits)
     if mode not in MODES:
         raise argparse.ArgumentTypeError(f"unknown mode in configuration {name!r}; modes: {', '.join(MODES)}")
-    return mode, k
+    return mode, k, precision
 
 
 def config_name(value: str) -> str:
-    mode, k = parse_config(value)
-    return mode if k == 1 and mode != "petra" else f"{mode}-k{k}"
+    mode, k, precision = parse_config(value)
+    name = mode if k == 1 and mode != "petra" else f"{mode}-k{k}"
+    return name if precision == "fp32" else f"{name}@{precision}"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -77,6 +94,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--num-stages", type=int, default=None, help="pipeline stages J (--petra_num_stages); default: the model's 10"
     )
+    parser.add_argument("--baseline", type=config_name, default=BASELINE,
+                        help=f"the configuration gaps are paired against (default {BASELINE})")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     parser.add_argument("--quick", action="store_true", help="1 seed, 1 epoch: a smoke test of the script")
     parser.add_argument("--verbose", action="store_true", help="show the Trainer's own log lines of every run")
@@ -91,10 +110,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def recipe_argv(
-    mode: str, k: int, seed: int, epochs: float, output_dir: str, num_stages: int | None = None
+    mode: str, k: int, seed: int, epochs: float, output_dir: str, num_stages: int | None = None,
+    precision: str = "fp32",
 ) -> list[str]:
     stages = ["--petra_num_stages", str(num_stages)] if num_stages else []
-    return stages + [
+    return stages + PRECISIONS[precision] + [
         "--output_dir", output_dir,
         "--petra_mode", mode,
         "--gradient_accumulation_steps", str(k),
@@ -113,9 +133,9 @@ def recipe_argv(
 
 
 def one_run(run, mode: str, k: int, seed: int, epochs: float, workdir: str, verbose: bool = False,
-            num_stages: int | None = None) -> dict:
+            num_stages: int | None = None, precision: str = "fp32") -> dict:
     output_dir = tempfile.mkdtemp(prefix=f"{mode}-k{k}-s{seed}-", dir=workdir)
-    argv = recipe_argv(mode, k, seed, epochs, output_dir, num_stages)
+    argv = recipe_argv(mode, k, seed, epochs, output_dir, num_stages, precision)
     start = time.perf_counter()
     if verbose:
         trainer, metrics = run(argv)
@@ -133,6 +153,7 @@ def one_run(run, mode: str, k: int, seed: int, epochs: float, workdir: str, verb
     return {
         "mode": mode,
         "k": k,
+        "precision": precision,
         "seed": seed,
         "epochs": epochs,
         "num_stages": len(trainer.stages),
@@ -146,11 +167,11 @@ def one_run(run, mode: str, k: int, seed: int, epochs: float, workdir: str, verb
     }
 
 
-def summarise(runs: list[dict], configs: list[str]) -> list[dict]:
+def summarise(runs: list[dict], configs: list[str], baseline: str = BASELINE) -> list[dict]:
     by_config: dict[str, list[dict]] = {c: [] for c in configs}
     for r in runs:
-        by_config[config_name(f"{r['mode']}-k{r['k']}")].append(r)
-    base = {r["seed"]: r["test_accuracy"] for r in by_config.get(BASELINE, [])}
+        by_config[config_name(f"{r['mode']}-k{r['k']}@{r.get('precision', 'fp32')}")].append(r)
+    base = {r["seed"]: r["test_accuracy"] for r in by_config.get(baseline, [])}
     rows = []
     for name, group in by_config.items():
         if not group:
@@ -160,6 +181,7 @@ def summarise(runs: list[dict], configs: list[str]) -> list[dict]:
             "config": name,
             "mode": group[0]["mode"],
             "k": group[0]["k"],
+            "precision": group[0].get("precision", "fp32"),
             "learning_rate": group[0]["learning_rate"],
             "optimizer_steps": group[0]["optimizer_steps"],
             "seeds": [r["seed"] for r in group],
@@ -171,7 +193,7 @@ def summarise(runs: list[dict], configs: list[str]) -> list[dict]:
             "mean_wall_s": statistics.fmean(r["wall_s"] for r in group),
         }
         paired = [100 * (r["test_accuracy"] - base[r["seed"]]) for r in group if r["seed"] in base]
-        if paired and name != BASELINE:
+        if paired and name != baseline:
             row["gap_mean"] = statistics.fmean(paired)
             row["gap_std"] = statistics.stdev(paired) if len(paired) > 1 else 0.0
             row["gap_min"], row["gap_max"] = min(paired), max(paired)
@@ -184,6 +206,8 @@ def main(argv=None) -> dict:
     torch.set_num_threads(args.threads)
     run = runpy.run_path(str(RECIPE))["run"]
     plan = [(name, *parse_config(name), seed) for seed in args.seeds for name in args.configs]
+    if args.baseline not in args.configs:
+        progress(f"note: the baseline {args.baseline} is not among the configurations: no gaps")
     progress(
         f"{len(args.configs)} configurations x {len(args.seeds)} seeds, {args.epochs:g} epochs, micro-batch "
         f"{MICRO_BATCH}, lr = {BASE_LR} * {MICRO_BATCH} * k / 256, J = {args.num_stages or 'model default'}; "
@@ -192,8 +216,8 @@ def main(argv=None) -> dict:
     runs: list[dict] = []
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="petra-accuracy-") as workdir:
-        for index, (name, mode, k, seed) in enumerate(plan, 1):
-            r = one_run(run, mode, k, seed, args.epochs, workdir, args.verbose, args.num_stages)
+        for index, (name, mode, k, precision, seed) in enumerate(plan, 1):
+            r = one_run(run, mode, k, seed, args.epochs, workdir, args.verbose, args.num_stages, precision)
             runs.append(r)
             progress(
                 f"[{index}/{len(plan)}] {name:20s} seed {seed}: test accuracy {100 * r['test_accuracy']:.2f} %, "
@@ -201,12 +225,13 @@ def main(argv=None) -> dict:
                 f"(load {load_average()})"
             )
     total = time.perf_counter() - start
-    rows = summarise(runs, args.configs)
+    rows = summarise(runs, args.configs, args.baseline)
     for row in rows:
         progress(f"{row['config']:20s} test accuracy {row['mean']:.2f} ± {row['std']:.2f} %")
     progress(f"total wall time {total:.0f} s ({total / 60:.1f} min) for {len(runs)} runs")
     settings = {
         "configs": args.configs,
+        "baseline": args.baseline,
         "seeds": args.seeds,
         "epochs": args.epochs,
         "num_stages": runs[0]["num_stages"] if runs else None,

@@ -31,6 +31,16 @@ def test_arguments_build_the_engine_policy(tmp_path):
             make(**bad)
 
 
+def test_accelerate_launch_mixed_precision_is_honoured_like_transformers_trainer(tmp_path, monkeypatch):
+    make = lambda **kw: PetraTrainingArguments(output_dir=str(tmp_path), report_to="none", **kw)  # noqa: E731
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")  # what `accelerate launch --mixed_precision bf16` sets
+    assert make().precision() == Precision.of("bf16")
+    assert make(fp16=True).precision() == Precision.of("fp16")  # the arguments win, as in transformers
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp8")
+    with pytest.raises(ValueError, match="mixed_precision='fp8'"):
+        make()
+
+
 def test_bf16_trains_like_float32_with_float32_weights(tmp_path):
     reference = make_trainer(tmp_path / "fp32", max_steps=16, logging_steps=4)
     reference.train()
@@ -41,6 +51,8 @@ def test_bf16_trains_like_float32_with_float32_weights(tmp_path):
     assert max(abs(a - b) for a, b in zip(losses, expected)) < 0.05
     assert losses != expected  # bf16 really ran
     assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
+    trainer.save_model(str(tmp_path / "saved"))
+    assert "compute bf16, streams fp32" in (tmp_path / "saved" / "README.md").read_text()
 
 
 def test_fp16_checkpoints_carry_each_stage_loss_scale(tmp_path):

@@ -215,6 +215,11 @@ class Pipeline:
         """Wall time this rank has spent exchanging messages with its neighbours (waiting included)."""
         return self.transport.seconds if self.transport is not None else 0.0
 
+    @property
+    def exchange_bytes(self) -> int:
+        """Bytes this rank has sent to its neighbours (messages and headers)."""
+        return self.transport.bytes_sent if self.transport is not None else 0
+
     def step(self, inputs: Activation, targets: Any = None) -> list[tuple[int, torch.Tensor]]:
         """Feed one micro-batch and advance the schedule until the next one can enter.
 

@@ -112,6 +112,7 @@ class NeighbourTransport:
         self.describe = describe
         self.device = device
         self.seconds = 0.0  # wall time spent in exchanges, waiting for the neighbours included
+        self.bytes_sent = 0  # payloads and headers posted to the neighbours
 
     def deadline(self) -> float:
         """The `time.monotonic()` by which an exchange starting now must be over."""
@@ -138,6 +139,7 @@ class NeighbourTransport:
         for message, buffer in zip(incoming, buffers):
             works.append((message, dist.irecv(buffer, src=self.global_ranks[message.peer], group=self.group, tag=message.tag)))
         for message in outgoing:
+            self.bytes_sent += message.buffer.numel() * message.buffer.element_size()
             works.append((message, dist.isend(message.buffer, dst=self.global_ranks[message.peer], group=self.group, tag=message.tag)))
         self.seconds += time.perf_counter() - start
         return Posted(works, buffers)

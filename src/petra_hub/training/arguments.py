@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -121,10 +122,15 @@ class PetraTrainingArguments(TrainingArguments):
             ) from None
 
     def precision(self) -> Precision:
-        """The engine's precision policy from bf16 / fp16, petra_streams and petra_message_dtype."""
+        """The engine's precision policy from bf16 / fp16 (or, as for transformers' Trainer, `accelerate launch
+        --mixed_precision`), petra_streams and petra_message_dtype."""
         if self.petra_streams not in ("fp32", "bf16"):
             raise ValueError(f"petra_streams must be 'fp32' or 'bf16', got {self.petra_streams!r}")
-        compute = "bf16" if self.bf16 else "fp16" if self.fp16 else None
+        launched = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+        if launched not in ("no", "bf16", "fp16"):
+            raise ValueError(f"accelerate's mixed_precision={launched!r} is not supported by PetraTrainer: use "
+                             "'bf16', 'fp16' or 'no' (ACCELERATE_MIXED_PRECISION, set by accelerate launch)")
+        compute = "bf16" if self.bf16 else "fp16" if self.fp16 else None if launched == "no" else launched
         if compute is None and self.petra_streams != "fp32":
             raise ValueError("petra_streams='bf16' needs bf16=True or fp16=True (stages without autocast compute in "
                              "their parameters' float32 and cannot take bf16 streams)")

@@ -307,8 +307,9 @@ def summarize_trainer(trainer, output_dir: str, **card_kwargs) -> TrainingSummar
         extra["Pipeline replicas (petra_data_parallel)"] = args.petra_data_parallel
     if args.petra_partition:
         extra["Stages per process"] = args.petra_partition
-    if args.bf16 or args.fp16:
-        extra["Precision"] = "bf16" if args.bf16 else "fp16"
+    precision = args.precision()
+    if precision.compute is not None or precision.messages is not None:
+        extra["Precision"] = precision.describe()
     processor = {} if facts.from_registry else _processor_convention(trainer.processing_class)
     repo_id = getattr(trainer, "hub_model_id", None) or args.hub_model_id
     fields.setdefault("model_name", Path(repo_id or output_dir).name)
