@@ -18,9 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "scripts" / "run_recipe.py"
 
 
-def launch(processes: int, argv: list[str], cwd: Path, **env) -> None:
+def launch(processes: int, argv: list[str], cwd: Path, accelerate_args: tuple = (), **env) -> None:
     command = [
-        sys.executable, "-m", "accelerate.commands.launch",
+        sys.executable, "-m", "accelerate.commands.launch", *accelerate_args,
         "--config_file", str(ROOT / "accelerate_config.yaml"),
         "--num_processes", str(processes), "--main_process_port", str(free_port()),
         str(SCRIPT), *argv,
@@ -72,3 +72,21 @@ def test_three_processes_build_the_same_initial_model(tmp_path):
     launch(3, argv, tmp_path, RECIPE_PREPARE_ONLY="1")
     digests = {json.loads((out / f"rank{r}.json").read_text())["initial_weights"] for r in range(3)}
     assert digests == {weights_digest(recipe.prepare(argv).trainer.model)}
+
+
+def test_accelerate_mixed_precision_bf16_trains_two_processes_in_bf16(tmp_path):
+    """`accelerate launch --mixed_precision bf16` without --bf16: PETRA runs its bf16 policy, as transformers'
+    Trainer would run bf16 autocast."""
+    out = tmp_path / "run"
+    argv = [
+        "--output_dir", str(out), "--max_steps", "8", "--max_train_samples", "128", "--max_eval_samples", "32",
+        "--eval_strategy", "no", "--hidden_sizes", "8,8,16,16", "--embedding_size", "8", "--disable_tqdm", "true",
+        "--petra_timeout", "60", "--petra_message_dtype", "bf16",
+    ]
+    launch(2, argv, tmp_path, accelerate_args=("--mixed_precision", "bf16"))
+    reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    for report in reports:
+        assert set(report["backwards"].values()) == {8}
+    assert "compute bf16, streams fp32, messages bf16" in (out / "README.md").read_text()
+    loaded = RevNetForImageClassification.from_pretrained(out)
+    assert {p.dtype for p in loaded.parameters()} == {torch.float32}
