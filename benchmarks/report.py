@@ -477,6 +477,20 @@ def numerics_gradients(r, arg):
     return table(header, rows, "l" + "r" * (len(header) - 1))
 
 
+# -- messages --------------------------------------------------------------------------------------------------------
+def messages_main(r, arg=None):
+    settings, rows = r["settings"], []
+    for name, row in need(r, "summary").items():
+        sent = row["bytes_sent_per_micro_batch"]
+        rows.append([
+            name, " / ".join(f"{b / 1e3:.1f}" for b in sent), f"{row['bytes_vs_fp32']:.3f}",
+            ms(row["seconds_per_micro_batch"]), f"{row['speedup_vs_fp32']:.3f}",
+        ])  # fmt: skip
+    header = ["message dtype", "kB sent per micro-batch (rank 0 / rank 1)", "bytes vs fp32",
+              f"ms per micro-batch (median of {settings['repeats']})", "speed vs fp32 (median of paired ratios)"]
+    return table(header, rows)
+
+
 RENDERERS = {
     "memory": {
         "summary": lambda r, arg: memory_headline(r, without_stem=False),
@@ -500,6 +514,7 @@ RENDERERS = {
         "one-process-ratio": throughput_one_process_ratio,
     },
     "accuracy_digits": {"summary": accuracy_summary, "main": accuracy_main},
+    "messages": {"main": messages_main},
     "numerics": {
         "summary": numerics_summary,
         "run": numerics_run,

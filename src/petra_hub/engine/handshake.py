@@ -104,7 +104,7 @@ def dry_run(
         if mismatch:
             return None, f"{here} {mismatch} (from {previous}, {spec.describe()})"
         try:
-            with torch.no_grad(), frozen_running_stats(stage), preserved(as_tuple(value)[0].device):
+            with torch.no_grad(), frozen_running_stats(stage), preserved(as_tuple(value)[0].device), _eager():
                 with precision.autocast(as_tuple(value)[0].device):
                     value = stage(value)
                 value = precision.cast_streams(value) if index < len(stages) - 1 else value
@@ -114,6 +114,11 @@ def dry_run(
             spec = ActivationSpec.of(value)
             specs[index] = spec
     return spec, None
+
+
+def _eager():
+    """Compiled stages run their dry run eagerly: a batch of 2 would otherwise compile graphs training never uses."""
+    return torch.compiler.set_stance("force_eager")
 
 
 def _dtype_mismatch(stage: nn.Module, spec: ActivationSpec, index: int, precision: Precision) -> str | None:
