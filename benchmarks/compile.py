@@ -2,7 +2,7 @@
 
     python benchmarks/compile.py            # RevNet18 w=16, fp32 and bf16, inductor (about 5 min): results/compile.json
     python benchmarks/compile.py --quick    # tiny widths, aot_eager, short windows (under a minute): compile-quick.json
-    python benchmarks/compile.py --backends inductor,inductor+isolated --precisions fp32   # see "isolated" below
+    python benchmarks/compile.py --backends inductor,aot_eager --precisions fp32   # another backend beside
 
 What runs: RevNet18 (J = 10 stages; widths w, 2w, 4w, 8w; w = 16 by default), 32x32 images, micro-batch 32, PETRA
 with k = 1 and SGD (momentum 0.9), all stages in this process (`Pipeline`, not distributed), one thread. w = 16 is
@@ -31,22 +31,19 @@ fed the same micro-batches:
   the functions for which dynamo hit its recompile limit and fell back to eager.
 
 The engine's start-up handshake runs every stage once on a batch of 2 (a dry run) before the first real
-micro-batch: a compiled stage compiles for that batch first, then recompiles at the real batch size with a dynamic
-batch dimension (dynamo's automatic dynamic shapes). That is part of the measured compile time, as it is of
-every compiled run.
+micro-batch; it runs eagerly (`torch.compiler.set_stance("force_eager")`), so nothing is compiled for that batch.
 
 Each configuration starts from `torch._dynamo.reset()` and an empty inductor cache directory of its own, so
 compile times are those of a first run (a second run of the same program finds the FX graph cache warm:
 `--cache-dir DIR` keeps one directory for everything, to measure that).
 
-"isolated": a backend named `NAME+isolated` adds `isolate_recompiles=True` to the compile options. By default
-all `Module.compile` calls share one dynamo cache per code object: the F of every reversible block (an
-`nn.Sequential`, entered through the one wrapper of `Module.compile`, external_utils.py's `inner`) needs entries
-for 4 widths x {the handshake's batch-2 dry run, the no-grad forward at the real batch, the grad-mode fused
-backward}, and the 3 downsampling blocks (one `forward`) 3 x {dry run, forward, recomputation}: more than
-`torch._dynamo.config.recompile_limit` (8). Dynamo then runs whatever comes after the limit eagerly, the fused
-backwards first of all (`dynamo.recompile_limit_hits` names the functions). Isolated, each module keeps its own
-entries and everything is compiled.
+"isolated": `compile_stage` passes `isolate_recompiles=True` (each module keeps its own dynamo cache). Without it,
+all `Module.compile` calls share one cache per code object: the F of every reversible block (an `nn.Sequential`,
+entered through the one wrapper of `Module.compile`) needs entries for 4 widths x {the no-grad forward, the
+grad-mode fused backward}, more than `torch._dynamo.config.recompile_limit` (8), and dynamo then silently runs the
+rest eagerly, the fused backwards first of all. A first version of `compile_stage` did exactly that; this
+benchmark found it (`dynamo.recompile_limit_hits` names such functions, and must be empty). A backend named
+`NAME+isolated` still adds the option explicitly.
 
 If a compiled pipeline fails (e.g. inductor without a working C++ compiler), the error is recorded and the
 configuration is measured again with aot_eager (`fallback_for`).

@@ -491,6 +491,18 @@ def messages_main(r, arg=None):
     return table(header, rows)
 
 
+# -- compile, gpu: the benchmark modules own their tables (they import torch, so only when asked) ---------------------
+def from_benchmark(module_name: str):
+    def render(r, arg=None):
+        import importlib
+
+        if str(Path(__file__).resolve().parent) not in sys.path:
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+        return importlib.import_module(module_name).markdown_tables(r).rstrip("\n")
+
+    return render
+
+
 RENDERERS = {
     "memory": {
         "summary": lambda r, arg: memory_headline(r, without_stem=False),
@@ -515,6 +527,8 @@ RENDERERS = {
     },
     "accuracy_digits": {"summary": accuracy_summary, "main": accuracy_main},
     "messages": {"main": messages_main},
+    "compile": {"main": from_benchmark("compile")},
+    "gpu": {"main": from_benchmark("gpu")},
     "numerics": {
         "summary": numerics_summary,
         "run": numerics_run,
