@@ -81,12 +81,21 @@ def decode(buffer: torch.Tensor, parts: list[Part], batch: int) -> list[Activati
 
 
 def round_trip(values: list[Activation], parts: list[Part]) -> list[Activation]:
-    """What the receiving stage would get: the identity unless some part travels in a narrower dtype."""
-    if all(part.wire is None or all(part.wire_dtype(i) == t.dtype for i, t in enumerate(part.spec.tensors))
-           for part in parts):
-        return values
-    batch = as_tuple(values[0])[0].shape[0]
-    return decode(encode(values, parts), parts, batch)
+    """What the receiving stage would get, without building the buffer: the same operations as `encode` then
+    `decode` on each tensor (so the values are bit-identical), the identity where a part travels in its own dtype."""
+    result = []
+    for value, part in zip(values, parts):
+        tensors = []
+        for index, tensor in enumerate(as_tuple(value)):
+            wire = part.wire_dtype(index)
+            if part.scaled(index):
+                factor = _fp16_factor(tensor)
+                tensor = (tensor * factor).to(wire).to(tensor.dtype) / factor
+            elif wire != tensor.dtype:
+                tensor = tensor.to(wire).to(tensor.dtype)
+            tensors.append(tensor)
+        result.append(tuple(tensors) if isinstance(value, tuple) else tensors[0])
+    return result
 
 
 def _fp16_factor(tensor: torch.Tensor) -> float:
