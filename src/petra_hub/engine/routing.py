@@ -85,7 +85,7 @@ class Router:
         values = [inputs, grad_inputs] if self.reconstructs[index - 1] else [grad_inputs]
         if index - 1 in self.local:
             values = round_trip(values, parts)
-            self._mail[(index - 1, "backward")][micro_batch] = (values[0], values[1]) if len(values) == 2 else (None, values[0])
+            self._mail[(index - 1, "backward")][micro_batch] = _returned_and_gradient(values)
         else:
             outgoing.append(Outgoing(self.rank - 1, BACKWARD_TAG, encode(values, parts)))
 
@@ -129,7 +129,7 @@ class Router:
             else:
                 last = self.local.stop - 1
                 values = decode(buffer, self.backward_parts(last), batch)
-                self._mail[(last, "backward")][micro_batch] = (values[0], values[1]) if len(values) == 2 else (None, values[0])
+                self._mail[(last, "backward")][micro_batch] = _returned_and_gradient(values)
 
     def post_headers(self, moment: Moment, sides: str = "both", batch: int | None = None) -> Posted:
         """Start swapping headers with the neighbouring ranks (`sides`: "both", "left" or "right"); `agree` ends it.
@@ -184,6 +184,11 @@ class Router:
         self.agree(moment, "right", batch, deadline)
         message = Outgoing(self.rank + 1, INFER_TAG, encode([value], self.forward_parts(self.local.stop - 1)))
         self.transport.exchange(self.rank, [message], [], moment.global_tick, deadline)
+
+
+def _returned_and_gradient(values: list) -> tuple:
+    """(the input sent back for reconstruction or None, the gradient) from a backward message's parts."""
+    return (values[0], values[1]) if len(values) == 2 else (None, values[0])
 
 
 def empty_like_spec(spec: ActivationSpec, batch: int, device: torch.device) -> Activation:

@@ -1,10 +1,10 @@
 """Point-to-point messages between neighbouring pipeline ranks over torch.distributed, with timeouts.
 
-Every payload is one flat buffer: the tensors of an activation (and its gradient) concatenated. Its size follows
-from the schedule, the handshake's shapes and the batch size, all of which the two ranks have first confirmed to
-each other in a fixed-size header (`protocol`). Every exchange is bounded in total by the timeout: it gets one
-deadline, and each wait gets what is left of it. A dead or stalled peer becomes a PeerFailureError naming both
-ranks.
+Every payload is one byte buffer: the tensors of an activation (and its gradient) packed by `messages`. Its size
+follows from the schedule, the handshake's shapes, the message dtypes and the batch size, all of which the two
+ranks have first confirmed to each other (the handshake, then a fixed-size header per tick: `protocol`). Every
+exchange is bounded in total by the timeout: it gets one deadline, and each wait gets what is left of it. A dead or
+stalled peer becomes a PeerFailureError naming both ranks.
 """
 
 from __future__ import annotations
@@ -61,12 +61,6 @@ class ActivationSpec:
     def describe(self) -> str:
         shapes = ", ".join(f"[B, {', '.join(map(str, t.shape))}] {str(t.dtype).replace('torch.', '')}" for t in self.tensors)
         return f"({shapes})" if self.is_tuple else shapes
-
-
-def flatten(values: list[Activation | None]) -> torch.Tensor:
-    """One contiguous buffer holding every tensor of `values` (skipping None)."""
-    tensors = [t.reshape(-1) for value in values if value is not None for t in as_tuple(value)]
-    return torch.cat(tensors) if len(tensors) > 1 else tensors[0].contiguous()
 
 
 @dataclass

@@ -83,8 +83,8 @@ class StageWorker:
         self.max_grad_norm = max_grad_norm
         self.precision = precision or Precision()
         self.check_every = check_reconstruction_every if self.reconstructs else None
-        p = self.precision
-        self.loss_scale = LossScale(p.initial_scale, p.growth_interval) if p.scales_loss else None
+        policy = self.precision
+        self.loss_scale = LossScale(policy.initial_scale, policy.growth_interval) if policy.scales_loss else None
         self.params = [p for p in stage.parameters() if p.requires_grad]
         self.units = units(stage) if self.reconstructs else [stage]
         self.counters = StageCounters()
@@ -229,16 +229,15 @@ class StageWorker:
 
     def state_dict(self) -> dict:
         """The optimizer, LR-scheduler and fp16 loss-scale states (None where the stage has none)."""
-        return {
-            name: part.state_dict() if part is not None else None
-            for name, part in (("optimizer", self.optimizer), ("scheduler", self.scheduler),
-                               ("loss_scale", self.loss_scale))
-        }
+        return {name: part.state_dict() if part is not None else None for name, part in self._stateful().items()}
 
     def load_state_dict(self, state: dict) -> None:
-        for name, part in (("optimizer", self.optimizer), ("scheduler", self.scheduler), ("loss_scale", self.loss_scale)):
+        for name, part in self._stateful().items():
             if part is not None and state.get(name) is not None:
                 part.load_state_dict(state[name])
+
+    def _stateful(self) -> dict:
+        return {"optimizer": self.optimizer, "scheduler": self.scheduler, "loss_scale": self.loss_scale}
 
     def end_group_after(self, micro_batch: int) -> None:
         """Close the current accumulation group once `micro_batch` has been backpropagated here."""
