@@ -23,13 +23,14 @@ from .compilation import compile_stage
 from .errors import Breaker, PipelineError
 from .handshake import check_same_spec, handshake, input_spec_of
 from .modes import Mode
-from .messages import round_trip
+from .inference import evaluating, forward_local
 from .placement import Placement, Replicas, split_replicas
 from .precision import Precision
 from .protocol import DRAIN, GATHER, INFER, STEP, Moment
 from .routing import Router
 from .schedule import Schedule
 from .tensors import Activation, as_tuple, to_device
+from .trace import EXCHANGE, Event, Trace, gather_events
 from .transport import ActivationSpec, NeighbourTransport
 from .worker import StageWorker, UpdateHook, run_stage
 
@@ -65,6 +66,7 @@ class Pipeline:
         check_reconstruction_every: every this many micro-batches, each reconstructing stage measures the relative
             error of the input it rebuilds against a copy of the one it received (`counters()`); None: off.
         compile_options: compile this rank's stages with `torch.compile(**compile_options)` (see `compilation`).
+        trace: record every operation with timestamps (`trace_events()`, see `trace`).
 
     Every rank calls `step` with the same micro-batches in the same order (rank 0 uses the inputs, the rank of
     the last stage uses the targets), and `end_group` and `drain` at the same points. An exception inside an
@@ -92,6 +94,7 @@ class Pipeline:
         precision: Precision | str | None = None,
         check_reconstruction_every: int | None = None,
         compile_options: dict[str, Any] | None = None,
+        trace: bool = False,
     ):
         if not stages:
             raise ValueError("a pipeline needs at least one stage")
@@ -141,6 +144,7 @@ class Pipeline:
             )
         self.transport = transport
 
+        self.trace = Trace(dist.get_rank() if distributed else 0) if trace else None
         self.workers: dict[int, StageWorker] = {}
         for index in self.local:
             stage = self.stages[index]
@@ -163,6 +167,7 @@ class Pipeline:
                 max_grad_norm=max_grad_norm,
                 precision=self.precision,
                 check_reconstruction_every=check_reconstruction_every,
+                trace=self.trace,
             )
         reconstructs = [self.mode.reconstructs and bool(getattr(s, "reversible", False)) for s in self.stages]
         self.router = Router(
@@ -281,29 +286,17 @@ class Pipeline:
     def infer(self, inputs: Activation) -> Any:
         """Forward one batch through all stages in eval mode (running statistics), without touching training
         state. Every rank passes the same `inputs`; the rank of the last stage gets the outputs, others None."""
-        with self._guard(inputs):
+        with self._guard(inputs), evaluating([self.stages[index] for index in self.local]):
             batch = as_tuple(inputs)[0].shape[0]
-            modes = {index: self.stages[index].training for index in self.local}
-            try:
-                if self.local.start == 0:
-                    value = to_device(inputs, self.device)
-                else:
-                    value = self.router.receive_for_inference(batch, self._moment(INFER))
-                for index in self.local:
-                    self.stages[index].eval()
-                    with self.precision.autocast(as_tuple(value)[0].device):
-                        value = self.stages[index](value)
-                    if index + 1 in self.local:  # cast and round as crossing to another rank would
-                        (value,) = round_trip([self.precision.cast_streams(value)], self.router.forward_parts(index))
-                    elif index < self.num_stages - 1:
-                        value = self.precision.cast_streams(value)
-                if self.local.stop < self.num_stages:
-                    self.router.send_for_inference(value, batch, self._moment(INFER))
-                    return None
-                return value
-            finally:
-                for index, training in modes.items():
-                    self.stages[index].train(training)
+            if self.local.start == 0:
+                value = to_device(inputs, self.device)
+            else:
+                value = self.router.receive_for_inference(batch, self._moment(INFER))
+            value = forward_local(self.stages, self.local, value, self.precision, self.router)
+            if self.local.stop < self.num_stages:
+                self.router.send_for_inference(value, batch, self._moment(INFER))
+                return None
+            return value
 
     def gather_stages(self, dst: int | None = 0) -> None:
         """Copy every stage's trained parameters and buffers onto the stage modules of pipeline rank `dst` (in
@@ -342,6 +335,12 @@ class Pipeline:
             return float(worker.optimizer.param_groups[0]["lr"])
         return None
 
+    def trace_events(self) -> list[Event]:
+        """Every rank's recorded events (`trace=True`), gathered on every rank (a collective when distributed)."""
+        if self.trace is None:
+            raise PipelineError("trace_events() needs Pipeline(trace=True)")
+        return gather_events(self.trace, self.distributed)
+
     def counters(self) -> dict[int, StageCounters]:
         return {index: worker.counters for index, worker in self.workers.items()}
 
@@ -364,7 +363,8 @@ class Pipeline:
             losses.extend(run_stage(self.workers[index], self.router, forward, backward, self._targets, self.loss_fn,
                                     outgoing))
         if self.distributed:
-            self.router.exchange(outgoing, moment, headers)
+            with self.trace.record("exchange", EXCHANGE) if self.trace else contextlib.nullcontext():
+                self.router.exchange(outgoing, moment, headers)
         self.tick += 1
         return losses
 

@@ -18,21 +18,32 @@ from .pending import Pending, stashed_weights
 from .precision import LOW_PRECISION, LossScale, Precision
 from .randomness import capture, drawn_since, replaying, units
 from .tensors import Activation, as_tuple, detached, like
+from .trace import Trace
 
 UpdateHook = Callable[[int, list[int], nn.Module], None]
 
 
+_EVENT_KINDS = {"forward": "forward", "backward": "backward", "forward_backward_last": "forward+backward",
+                "maybe_update": "update"}
+
+
 def _timed(method):
     """Add the CPU time of a worker operation to `counters.compute_seconds` (CPU, not wall, time: other processes
-    sharing the cores do not count)."""
+    sharing the cores do not count), and with a trace, record it as an event (an update only when it happened)."""
+    kind = _EVENT_KINDS[method.__name__]
 
     @functools.wraps(method)
     def timed(self, *args, **kwargs):
-        start = time.process_time()
+        start, wall = time.process_time(), time.perf_counter()
+        result = None
         try:
-            return method(self, *args, **kwargs)
+            result = method(self, *args, **kwargs)
+            return result
         finally:
             self.counters.compute_seconds += time.process_time() - start
+            if self.trace is not None and (kind != "update" or result is True):
+                micro_batch = None if kind == "update" else args[0]
+                self.trace.add(kind, self.index, micro_batch, wall, time.perf_counter())
 
     return timed
 
@@ -66,8 +77,10 @@ class StageWorker:
         max_grad_norm: float | None = None,
         precision: Precision | None = None,
         check_reconstruction_every: int | None = None,
+        trace: Trace | None = None,
     ):
         self.index = index
+        self.trace = trace
         self.stage = stage
         self.mode = mode
         self.is_first = index == 0

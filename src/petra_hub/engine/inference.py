@@ -1,0 +1,40 @@
+"""Inference through this rank's stages: eval mode, the precision policy, and boundaries crossed as in training."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from torch import nn
+
+from .messages import round_trip
+from .precision import Precision
+from .routing import Router
+from .tensors import Activation, as_tuple
+
+
+@contextlib.contextmanager
+def evaluating(stages: list[nn.Module]) -> Iterator[None]:
+    """The stages in eval mode (running statistics, no dropout), each restored to its mode afterwards."""
+    modes = [stage.training for stage in stages]
+    try:
+        for stage in stages:
+            stage.eval()
+        yield
+    finally:
+        for stage, training in zip(stages, modes):
+            stage.train(training)
+
+
+def forward_local(stages: list[nn.Module], local: range, value: Activation, precision: Precision,
+                  router: Router) -> Activation:
+    """`value` through the `local` stages under the policy's autocast; outputs cast to the stream dtype and, between
+    two local stages, rounded as crossing to another rank would (so one process equals many)."""
+    for index in local:
+        with precision.autocast(as_tuple(value)[0].device):
+            value = stages[index](value)
+        if index + 1 in local:
+            (value,) = round_trip([precision.cast_streams(value)], router.forward_parts(index))
+        elif index < len(stages) - 1:
+            value = precision.cast_streams(value)
+    return value

@@ -1,0 +1,93 @@
+"""The schedule as it really ran: timestamped events of every stage's work, exported as a Chrome / Perfetto trace.
+
+With `Pipeline(trace=True)` each worker records its forwards, backwards, last-stage forward+backward and updates,
+and each rank its exchanges with its neighbours: one `Event` per operation, timed with `time.perf_counter()`
+(CLOCK_MONOTONIC on Linux, one clock for all processes of a machine). Recording appends a tuple per operation;
+nothing is recorded without the flag. `Pipeline.trace_events()` gathers every rank's events (a collective) and
+`write_chrome_trace` writes them in the Trace Event Format that chrome://tracing and ui.perfetto.dev open: one
+process per rank, one thread per stage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch.distributed as dist
+
+EXCHANGE = -1  # the `stage` of a rank's exchange with its neighbours
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str  # "forward", "backward", "forward+backward", "update" or "exchange"
+    rank: int
+    stage: int  # EXCHANGE for an exchange
+    micro_batch: int | None  # None for updates and exchanges
+    start: float  # seconds, time.perf_counter()
+    end: float
+
+
+class Trace:
+    """The events of one rank."""
+
+    def __init__(self, rank: int = 0):
+        self.rank = rank
+        self.events: list[Event] = []
+
+    @contextlib.contextmanager
+    def record(self, kind: str, stage: int, micro_batch: int | None = None) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.events.append(Event(kind, self.rank, stage, micro_batch, start, time.perf_counter()))
+
+    def add(self, kind: str, stage: int, micro_batch: int | None, start: float, end: float) -> None:
+        self.events.append(Event(kind, self.rank, stage, micro_batch, start, end))
+
+
+def gather_events(trace: Trace, distributed: bool) -> list[Event]:
+    """Every rank's events, on every rank (all_gather over the default group when distributed)."""
+    if not distributed:
+        return list(trace.events)
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, trace.events)
+    return [event for events in gathered for event in events]
+
+
+def chrome_trace(events: list[Event]) -> dict:
+    """The Trace Event Format: complete ("X") events in microseconds from the first event."""
+    origin = min((e.start for e in events), default=0.0)
+    trace_events = []
+    for event in events:
+        entry = {
+            "name": event.kind if event.micro_batch is None else f"{event.kind} {event.micro_batch}",
+            "cat": event.kind,
+            "ph": "X",
+            "ts": (event.start - origin) * 1e6,
+            "dur": (event.end - event.start) * 1e6,
+            "pid": event.rank,
+            "tid": "exchange" if event.stage == EXCHANGE else f"stage {event.stage}",
+        }
+        if event.micro_batch is not None:
+            entry["args"] = {"micro_batch": event.micro_batch}
+        trace_events.append(entry)
+    names = [{"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}}
+             for rank in sorted({e.rank for e in events})]
+    return {"traceEvents": names + trace_events, "displayTimeUnit": "ms"}
+
+
+def write_chrome_trace(events: list[Event], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(chrome_trace(events)))
+    return path
+
+
+def events_as_dicts(events: list[Event]) -> list[dict]:
+    return [asdict(event) for event in events]
