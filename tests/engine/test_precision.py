@@ -187,3 +187,32 @@ def test_multiprocess_is_bit_identical_to_one_process_under_the_policy(tmp_path,
     assert skipped == {i: c.skipped_updates for i, c in reference.counters().items()}
     if policy.startswith("fp16"):
         assert sum(skipped.values()) > 0
+
+
+def _fp16_replicas(rank, world_size):
+    """Two replicas of the whole pipeline (one rank each), fed different data, fp16 from a scale of 2**40."""
+    model = small_model("revnet18", dtype=torch.float32, seed=0).train()
+    pipeline = Pipeline(model.get_stages(), cross_entropy, precision=Precision.of("fp16", initial_scale=2.0**40),
+                        optimizer_factory=lambda i, stage: torch.optim.SGD(stage.parameters(), lr=0.02),
+                        data_parallel_size=2, timeout=30)
+    generator = torch.Generator().manual_seed(rank)  # each replica its own data: their overflows differ
+    images = random_images(model.config, batch=4, dtype=torch.float32, seed=10 + rank) * (1 + rank)
+    labels = torch.randint(0, model.config.num_labels, (4,), generator=generator)
+    for _ in range(30):
+        pipeline.step(images, labels)
+    pipeline.drain()
+    counters = pipeline.counters()
+    return {"state": model.state_dict(), "skipped": [c.skipped_updates for c in counters.values()],
+            "updates": [c.updates for c in counters.values()]}
+
+
+def test_fp16_replicas_skip_together_and_stay_identical(tmp_path):
+    torch.set_num_threads(1)
+    results, codes, _ = run_ranks(_fp16_replicas, 2, out_dir=tmp_path, deadline=150)
+    assert codes == [0, 0], [r and r.get("traceback") for r in results]
+    first, second = (r["value"] for r in results)
+    assert first["skipped"] == second["skipped"] and min(first["skipped"]) > 0
+    assert first["updates"] == second["updates"]
+    for name, value in first["state"].items():
+        assert torch.equal(value, second["state"][name]), name  # one model, whichever replica skipped
+        assert not value.is_floating_point() or torch.isfinite(value).all()
