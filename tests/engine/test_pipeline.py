@@ -40,18 +40,18 @@ def per_micro_batch_gradients(model, batches):
     return reference, grads
 
 
-@pytest.mark.parametrize("downsampling", ["buffered", "invertible"])
-@pytest.mark.parametrize("mode", DELAYED_MODES, ids=lambda m: m.value)
-def test_frozen_weights_give_the_backprop_gradient_of_every_micro_batch(mode, downsampling):
-    model = small_model("revnet18", downsampling=downsampling)
-    model.train()
-    batches = micro_batches(model.config, 6)
+def assert_frozen_weights_give_the_backprop_gradient(model, batches, mode, **options):
+    """With a zero learning rate, every micro-batch's averaged gradient at every stage is plain autograd's on the
+    whole model, on the model's device, and running statistics count each micro-batch once. `options` go to the
+    Pipeline (e.g. device). Also run on a GPU by tests/gpu."""
     reference, expected = per_micro_batch_gradients(model, batches)
+    device = next(model.parameters()).device
     names = {id(p): name for name, p in model.named_parameters()}
     seen = {}
 
     def record(stage_index, group, stage):
         for param in stage.parameters():
+            assert param.grad.device == device
             seen[(group[0], names[id(param)])] = param.grad.clone()
 
     pipeline = Pipeline(
@@ -60,6 +60,7 @@ def test_frozen_weights_give_the_backprop_gradient_of_every_micro_batch(mode, do
         mode=mode,
         on_update=record,
         optimizer_factory=lambda i, stage: torch.optim.SGD(stage.parameters(), lr=0.0),
+        **options,
     )
     assert len(pipeline.stages) == 10
     for images, labels in batches:
@@ -75,6 +76,14 @@ def test_frozen_weights_give_the_backprop_gradient_of_every_micro_batch(mode, do
         assert int(got.num_batches_tracked) == int(want.num_batches_tracked) == len(batches)
         assert relative_error(got.running_mean, want.running_mean) < 1e-12
         assert relative_error(got.running_var, want.running_var) < 1e-12
+
+
+@pytest.mark.parametrize("downsampling", ["buffered", "invertible"])
+@pytest.mark.parametrize("mode", DELAYED_MODES, ids=lambda m: m.value)
+def test_frozen_weights_give_the_backprop_gradient_of_every_micro_batch(mode, downsampling):
+    model = small_model("revnet18", downsampling=downsampling)
+    model.train()
+    assert_frozen_weights_give_the_backprop_gradient(model, micro_batches(model.config, 6), mode)
 
 
 def test_delayed_mode_matches_a_straightforward_delayed_sgd():

@@ -11,18 +11,17 @@ Convolutions run in IEEE float32 (no TF32) with deterministic cuDNN algorithms d
 below are between two computations that must round alike.
 """
 
-import copy
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from petra_hub.engine import Pipeline
-from petra_hub.engine.batchnorm import batch_norms, frozen_running_stats
+from petra_hub.engine.batchnorm import frozen_running_stats
 from petra_hub.engine.precision import Precision
 from petra_hub.engine.tensors import as_tuple
 from petra_hub.testing.models import random_images, small_model
-from petra_hub.testing.stage_contract import CallCounter, relative_error, reversible_stage_cases
+from petra_hub.testing.stage_contract import ReversibleStageContract, relative_error, reversible_stage_cases
+from tests.engine.test_pipeline import assert_frozen_weights_give_the_backprop_gradient, micro_batches
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -53,45 +52,13 @@ def cuda_stage_cases(preset, downsampling, dtype=torch.float64):
     return reversible_stage_cases(model.get_stages(), random_images(model.config, dtype=dtype).to(CUDA))
 
 
-# -- (a) the reversible-stage contract in float64 on the GPU ---------------------------------------------------------
-@pytest.mark.parametrize("preset,downsampling", VARIANTS)
-def test_inverse_of_forward_is_the_identity_in_float64(preset, downsampling):
-    cases = cuda_stage_cases(preset, downsampling)
-    assert cases
-    for stage, x in cases:
-        assert all(t.is_cuda for t in as_tuple(x))
-        with torch.no_grad(), frozen_running_stats(stage):
-            rebuilt = stage.inverse(stage(x))
-        for got, want in zip(as_tuple(rebuilt), as_tuple(x)):
-            assert got.is_cuda and relative_error(got, want) < 1e-12, type(stage).__name__
-
-
-@pytest.mark.parametrize("preset,downsampling", VARIANTS)
-def test_fused_backward_equals_autograd_in_float64(preset, downsampling):
-    generator = torch.Generator(device=CUDA).manual_seed(3)
-    for stage, x in cuda_stage_cases(preset, downsampling):
-        params = list(stage.parameters())
-        leaves = tuple(t.detach().requires_grad_(True) for t in as_tuple(x))
-        with frozen_running_stats(stage):
-            y = as_tuple(stage(leaves if isinstance(x, tuple) else leaves[0]))
-        grads = tuple(torch.randn(t.shape, dtype=t.dtype, device=CUDA, generator=generator) for t in y)
-        expected = torch.autograd.grad(y, [*leaves, *params], grads)
-
-        stage.zero_grad(set_to_none=True)
-        counter = CallCounter(stage)
-        with torch.no_grad():
-            outputs = tuple(t.detach() for t in y)
-            rebuilt, input_grads = stage.reconstruct_and_backward(
-                outputs if isinstance(x, tuple) else outputs[0], grads if isinstance(x, tuple) else grads[0]
-            )
-        counter.remove()
-        assert set(counter.calls.values()) == {1}, "each sub-function must run exactly once"
-        for got, want in zip(as_tuple(rebuilt), as_tuple(x)):
-            assert relative_error(got, want) < 1e-12
-        for got, want in zip(as_tuple(input_grads), expected[: len(leaves)]):
-            assert relative_error(got, want) < 1e-10
-        for param, want in zip(params, expected[len(leaves) :]):
-            assert param.grad.is_cuda and relative_error(param.grad, want) < 1e-10
+# -- (a) the reversible-stage contract (petra_hub.testing.stage_contract) in float64 on the GPU -----------------------
+class TestCudaStageContract(ReversibleStageContract):
+    @pytest.fixture(params=VARIANTS, ids=lambda v: "-".join(v))
+    def stage_cases(self, request):
+        cases = cuda_stage_cases(*request.param)
+        assert cases and all(t.device.type == CUDA.type for _, x in cases for t in as_tuple(x))
+        return cases
 
 
 # -- (b) float32 streams under CUDA autocast -------------------------------------------------------------------------
@@ -152,40 +119,8 @@ def test_one_device_petra_gives_the_backprop_gradient_at_frozen_weights(downsamp
     """tests/engine/test_pipeline.py's proof on the GPU: with a zero learning rate every micro-batch's averaged
     gradient, at every stage, is plain autograd's on the whole model, and running statistics count each once."""
     model = small_model("revnet18", downsampling=downsampling).to(CUDA).train()  # float64
-    batches = []
-    for index in range(6):
-        images = random_images(model.config, batch=4, seed=10 + index).to(CUDA)
-        labels = torch.randint(0, model.config.num_labels, (4,), generator=torch.Generator().manual_seed(index))
-        batches.append((images, labels.to(CUDA)))
-    reference = copy.deepcopy(model)
-    expected = []
-    for images, labels in batches:
-        reference.zero_grad()
-        cross_entropy(reference(images).logits, labels).backward()
-        expected.append({name: p.grad.clone() for name, p in reference.named_parameters()})
-
-    names = {id(p): name for name, p in model.named_parameters()}
-    seen = {}
-
-    def record(stage_index, group, stage):
-        for param in stage.parameters():
-            assert param.grad.is_cuda
-            seen[(group[0], names[id(param)])] = param.grad.clone()
-
-    pipeline = Pipeline(model.get_stages(), cross_entropy, mode="petra", device="cuda", on_update=record,
-                        optimizer_factory=lambda i, stage: torch.optim.SGD(stage.parameters(), lr=0.0))
-    for images, labels in batches:
-        pipeline.step(images, labels)
-    pipeline.drain()
-    assert len(seen) == len(batches) * len(expected[0])
-    for (micro_batch, name), grad in seen.items():
-        want = expected[micro_batch][name]
-        if want.norm() > 0:
-            assert relative_error(grad, want) < 1e-9, (micro_batch, name)
-    for got, want in zip(batch_norms(model), batch_norms(reference)):
-        assert int(got.num_batches_tracked) == int(want.num_batches_tracked) == len(batches)
-        assert relative_error(got.running_mean, want.running_mean) < 1e-12
-        assert relative_error(got.running_var, want.running_var) < 1e-12
+    batches = [(images.to(CUDA), labels.to(CUDA)) for images, labels in micro_batches(model.config, 6)]
+    assert_frozen_weights_give_the_backprop_gradient(model, batches, "petra", device="cuda")
 
 
 def test_one_device_run_on_the_gpu_equals_the_cpu_run_in_float64():

@@ -72,13 +72,14 @@ class ReversibleStageContract:
                 assert relative_error(got, want) < self.inversion_tolerance, type(stage).__name__
 
     def test_fused_backward_matches_autograd_evaluating_each_function_once(self, stage_cases):
-        generator = torch.Generator().manual_seed(3)
         for stage, x in stage_cases:
+            device = as_tuple(x)[0].device  # the cases may live on a GPU (tests/gpu)
+            generator = torch.Generator(device=device).manual_seed(3)
             params = list(stage.parameters())
             leaves = tuple(t.detach().requires_grad_(True) for t in as_tuple(x))
             with frozen_running_stats(stage):
                 y = as_tuple(stage(leaves if isinstance(x, tuple) else leaves[0]))
-            grads = tuple(torch.randn(t.shape, dtype=t.dtype, generator=generator) for t in y)
+            grads = tuple(torch.randn(t.shape, dtype=t.dtype, device=device, generator=generator) for t in y)
             expected = torch.autograd.grad(y, [*leaves, *params], grads)
 
             stage.zero_grad(set_to_none=True)
@@ -103,7 +104,8 @@ class ReversibleStageContract:
         for stage, x in stage_cases:
             stage = copy.deepcopy(stage).float()
             x = tuple(t.float() for t in as_tuple(x)) if isinstance(x, tuple) else x.float()
-            with torch.no_grad(), frozen_running_stats(stage), torch.autocast("cpu", dtype=torch.bfloat16):
+            autocast = torch.autocast(as_tuple(x)[0].device.type, dtype=torch.bfloat16)
+            with torch.no_grad(), frozen_running_stats(stage), autocast:
                 y = stage(x)
                 rebuilt = stage.inverse(y)
                 fused, grads = stage.reconstruct_and_backward(y, y)
