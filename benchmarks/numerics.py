@@ -370,11 +370,9 @@ def run_policy(name: str, base_model, data, args, indices: list[int], layout: st
 
 # -- the plot --------------------------------------------------------------------------------------------------------
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
+    from petra_hub.plots.figures import pyplot, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     datasets = list(report["datasets"])
     indices = report["reversible_stages"]
     floor = FLOOR  # an error of exactly 0 (a bit-exact rebuild) would vanish on the log scale
@@ -407,10 +405,7 @@ def plot(report: dict, path: Path) -> None:
     widths = report["settings"]["hidden_sizes"]
     figure.suptitle(f"PETRA reconstruction error by stage and precision policy (RevNet18, J = 10, widths "
                     f"{','.join(map(str, widths))})", fontsize=11)
-    figure.tight_layout(rect=(0, 0.05, 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save(figure, path, dpi=110, rect=(0, 0.05, 1, 1))
     progress(f"wrote {path}")
 
 

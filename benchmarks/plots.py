@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from petra_hub.plots import plot_stage_memory
+from petra_hub.plots.figures import pyplot, save
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("revnet18 buffered", "revnet50 buffered")
@@ -36,11 +37,7 @@ def k_sweep(result: dict) -> tuple[list[int], list[float], list[float]]:
 
 
 def plot_k_sweep(result: dict, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     ks, means, stds = k_sweep(result)
     settings = result["settings"]
     figure, axes = plt.subplots(figsize=(6.5, 4))
@@ -53,11 +50,7 @@ def plot_k_sweep(result: dict, path: Path) -> Path:
     axes.set_ylabel("test accuracy gap to backprop (points)")
     axes.set_title(f"PETRA on digits, J = {settings['num_stages']}, {settings['epochs']:g} epochs, "
                    f"{len(settings['seeds'])} seeds (mean ± std)", fontsize=10)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    return save(figure, path)
 
 
 def main(argv=None) -> list[Path]:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .timeline import _pyplot
+from .figures import pyplot, save
 
 
 def plot_stage_memory(buffers: dict[str, list[float]], layout: str, path: str | Path, title: str) -> Path:
     """Grouped bars: for each stage (x, labelled with its layout letter), the bytes each configuration
     (`buffers[name][stage]`) holds for pending backwards, in GB on a log scale (PETRA's reversible stages hold
     nothing: drawn at the axis floor)."""
-    plt = _pyplot()
+    plt = pyplot()
     names = list(buffers)
     width = 0.8 / len(names)
     figure, axes = plt.subplots(figsize=(max(8, 0.5 * len(layout) + 3), 4.5))
@@ -27,9 +27,4 @@ def plot_stage_memory(buffers: dict[str, list[float]], layout: str, path: str | 
     axes.set_ylabel("buffers held (GB, log)")
     axes.set_title(title)
     axes.legend(ncol=min(len(names), 3), fontsize=8)
-    figure.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    return save(figure, path)

@@ -5,26 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..engine.trace import EXCHANGE, Event
+from .figures import pyplot, save
 
 COLOURS = {"forward": "#4c72b0", "backward": "#dd8452", "forward+backward": "#8172b3", "update": "#55a868",
            "exchange": "#c0c0c0"}
 
 
-def _pyplot():
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ImportError('plot_timeline needs matplotlib: pip install -e ".[plots]"') from None
-    return plt
-
-
 def plot_timeline(events: list[Event], path: str | Path, title: str = "PETRA schedule as it ran") -> Path:
     """Draw `events` (`Pipeline.trace_events()`) as a PNG at `path`: rows are (rank, stage), time runs right, in
     milliseconds from the first event."""
-    plt = _pyplot()
+    plt = pyplot()
     origin = min(e.start for e in events)
     rows = sorted({(e.rank, e.stage) for e in events}, key=lambda row: (row[0], row[1] == EXCHANGE, row[1]))
     index = {row: i for i, row in enumerate(rows)}
@@ -42,9 +32,4 @@ def plot_timeline(events: list[Event], path: str | Path, title: str = "PETRA sch
     axes.set_xlabel("milliseconds")
     axes.set_title(title)
     axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=len(COLOURS), frameon=False)
-    figure.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    return save(figure, path)
