@@ -42,17 +42,30 @@ def message_bytes(parts: list[Part], batch: int) -> int:
     return total
 
 
+def narrow(tensor: torch.Tensor, part: Part, index: int) -> tuple[torch.Tensor, float | None]:
+    """Tensor `index` of `part` as it travels, and its fp16 factor (None when not scaled)."""
+    factor = _fp16_factor(tensor) if part.scaled(index) else None
+    if factor is not None:
+        tensor = tensor * factor
+    return tensor.to(part.wire_dtype(index)), factor
+
+
+def widen(tensor: torch.Tensor, dtype: torch.dtype, factor: float | None) -> torch.Tensor:
+    """What `narrow` sent, back in `dtype`."""
+    if factor is not None:
+        return tensor.to(dtype) / factor
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)
+
+
 def encode(values: list[Activation], parts: list[Part]) -> torch.Tensor:
     """One uint8 buffer holding `values` as `parts` describes them."""
     factors, payloads = [], []
     for value, part in zip(values, parts):
         for index, tensor in enumerate(as_tuple(value)):
-            wire = part.wire_dtype(index)
-            if part.scaled(index):
-                factor = _fp16_factor(tensor)
+            sent, factor = narrow(tensor, part, index)
+            if factor is not None:
                 factors.append(factor)
-                tensor = tensor * factor
-            payloads.append(tensor.reshape(-1).to(wire).view(torch.uint8))
+            payloads.append(sent.reshape(-1).view(torch.uint8))
     if factors:
         device = payloads[0].device
         payloads.insert(0, torch.tensor(factors, dtype=torch.float32, device=device).view(torch.uint8))
@@ -71,31 +84,24 @@ def decode(buffer: torch.Tensor, parts: list[Part], batch: int) -> list[Activati
             size = spec.numel(batch) * wire.itemsize
             tensor = _view(buffer[offset : offset + size], wire).view(batch, *spec.shape)
             offset += size
-            if part.scaled(index):
-                tensor = tensor.to(spec.dtype) / factors.pop(0)
-            elif wire != spec.dtype:
-                tensor = tensor.to(spec.dtype)
-            tensors.append(tensor)
+            tensors.append(widen(tensor, spec.dtype, factors.pop(0) if part.scaled(index) else None))
         values.append(tuple(tensors) if part.spec.is_tuple else tensors[0])
     return values
 
 
 def round_trip(values: list[Activation], parts: list[Part]) -> list[Activation]:
-    """What the receiving stage would get, without building the buffer: the same operations as `encode` then
-    `decode` on each tensor (so the values are bit-identical), the identity where a part travels in its own dtype."""
+    """What the receiving stage would get, without building the buffer: `narrow` then `widen` on each tensor, as
+    `encode` and `decode` do (so the values are bit-identical); the identity where a part travels in its own dtype."""
     result = []
     for value, part in zip(values, parts):
-        tensors = []
-        for index, tensor in enumerate(as_tuple(value)):
-            wire = part.wire_dtype(index)
-            if part.scaled(index):
-                factor = _fp16_factor(tensor)
-                tensor = (tensor * factor).to(wire).to(tensor.dtype) / factor
-            elif wire != tensor.dtype:
-                tensor = tensor.to(wire).to(tensor.dtype)
-            tensors.append(tensor)
-        result.append(tuple(tensors) if isinstance(value, tuple) else tensors[0])
+        tensors = tuple(_round(tensor, part, index) for index, tensor in enumerate(as_tuple(value)))
+        result.append(tensors if isinstance(value, tuple) else tensors[0])
     return result
+
+
+def _round(tensor: torch.Tensor, part: Part, index: int) -> torch.Tensor:
+    sent, factor = narrow(tensor, part, index)
+    return widen(sent, tensor.dtype, factor)
 
 
 def _fp16_factor(tensor: torch.Tensor) -> float:

@@ -34,7 +34,7 @@ def _timed(method):
 
     @functools.wraps(method)
     def timed(self, *args, **kwargs):
-        start, wall = time.process_time(), time.perf_counter()
+        start, wall = time.process_time(), time.perf_counter() if self.trace is not None else 0.0
         result = None
         try:
             result = method(self, *args, **kwargs)
