@@ -15,6 +15,7 @@ from .optim import paper_sgd
 from .pipeline import Pipeline
 from .precision import Precision
 from .compilation import compile_stage
+from .fidelity import StageFidelity
 from .placement import Placement, replica_of
 from .schedule import Schedule
 from .worker import StageWorker
@@ -29,6 +30,7 @@ __all__ = [
     "Precision",
     "Schedule",
     "StageCounters",
+    "StageFidelity",
     "StageMismatchError",
     "StageGroup",
     "StageWorker",

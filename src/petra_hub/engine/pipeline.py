@@ -17,20 +17,21 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .accounting import MemoryStats, StageCounters
 from .collectives import average_buffers, average_gradients, gather_stages
 from .compilation import compile_stage
 from .errors import Breaker, PipelineError
+from .fidelity import StageFidelity, StageProbe, gather, measure
 from .handshake import check_same_spec, handshake, input_spec_of
 from .modes import Mode
 from .inference import evaluating, forward_local
+from .readings import Readings
 from .placement import Placement, Replicas, split_replicas
 from .precision import Precision
-from .protocol import DRAIN, GATHER, INFER, STEP, Moment
+from .protocol import DRAIN, GATHER, INFER, PROBE, STEP, Moment
 from .routing import Router
 from .schedule import Schedule
 from .tensors import Activation, as_tuple, to_device
-from .trace import EXCHANGE, Event, Trace, gather_events
+from .trace import EXCHANGE, Trace
 from .transport import ActivationSpec, NeighbourTransport
 from .worker import StageWorker, UpdateHook, run_stage
 
@@ -38,7 +39,7 @@ OptimizerFactory = Callable[[int, nn.Module], torch.optim.Optimizer | None]
 SchedulerFactory = Callable[[int, torch.optim.Optimizer], Any]
 
 
-class Pipeline:
+class Pipeline(Readings):
     """Train a list of stages with PETRA (or one of the paper's baselines), one micro-batch per `step`.
 
     Args:
@@ -179,6 +180,7 @@ class Pipeline:
         self._origin = (0, 0)  # (tick, micro-batch) at which the current schedule started (moves on drain)
         self._fed_in_group = 0
         self._targets: dict[int, Any] = {}
+        self._probes: dict[int, int | None] = {}  # probed micro-batch -> its size once fed
         self._input_spec: ActivationSpec | None = None
         self._breaker = Breaker()
 
@@ -215,16 +217,6 @@ class Pipeline:
             return len(self.replicas.pipeline_ranks) - 1  # replica 0 is ranks 0 .. P-1
         return self._global_ranks[-1]
 
-    @property
-    def exchange_seconds(self) -> float:
-        """Wall time this rank has spent exchanging messages with its neighbours (waiting included)."""
-        return self.transport.seconds if self.transport is not None else 0.0
-
-    @property
-    def exchange_bytes(self) -> int:
-        """Bytes this rank has sent to its neighbours (messages and headers)."""
-        return self.transport.bytes_sent if self.transport is not None else 0
-
     def step(self, inputs: Activation, targets: Any = None) -> list[tuple[int, torch.Tensor]]:
         """Feed one micro-batch and advance the schedule until the next one can enter.
 
@@ -237,6 +229,8 @@ class Pipeline:
         micro_batch = self.fed
         self.fed += 1
         self.router.batch_sizes[micro_batch] = as_tuple(inputs)[0].shape[0]
+        if micro_batch in self._probes:
+            self._probes[micro_batch] = self.router.batch_sizes[micro_batch]
         if 0 in self.local:
             self.router.put_input(micro_batch, to_device(inputs, self.device))
         if self.has_last_stage:
@@ -325,31 +319,30 @@ class Pipeline:
         for index, worker in self.workers.items():
             worker.load_state_dict(state[index])
 
-    def last_lr(self) -> float | None:
-        """The learning rate of this rank's first stage (every stage follows the same schedule), None without an
-        optimizer."""
-        worker = self.workers[self.local.start]
-        if worker.scheduler is not None:
-            return float(worker.scheduler.get_last_lr()[0])
-        if worker.optimizer is not None:
-            return float(worker.optimizer.param_groups[0]["lr"])
-        return None
+    def probe(self) -> int:
+        """Keep what `gradient_fidelity` needs of the next micro-batch fed (it trains as usual); returns its
+        number. Every rank calls it at the same point."""
+        self._breaker.check()
+        for worker in self.workers.values():
+            worker.probes[self.fed] = StageProbe()
+        self._probes[self.fed] = None
+        return self.fed
 
-    def trace_events(self) -> list[Event]:
-        """Every rank's recorded events (`trace=True`), gathered on every rank (a collective when distributed)."""
-        if self.trace is None:
-            raise PipelineError("trace_events() needs Pipeline(trace=True)")
-        return gather_events(self.trace, self.distributed)
-
-    def counters(self) -> dict[int, StageCounters]:
-        return {index: worker.counters for index, worker in self.workers.items()}
-
-    def memory(self) -> dict[int, MemoryStats]:
-        return {index: worker.memory() for index, worker in self.workers.items()}
-
-    def in_flight(self) -> dict[int, list[int]]:
-        """Per local stage, the micro-batches between their forward and their backward (the FIFO)."""
-        return {index: worker.in_flight for index, worker in self.workers.items()}
+    def gradient_fidelity(self) -> list[StageFidelity]:
+        """For each probed micro-batch whose backward has reached stage 0: every stage's gradient against the
+        end-to-end gradient and the stashed-weight delayed gradient (see `fidelity`), for all stages, on every rank.
+        Training state is untouched. A collective when a probe is ready: every rank calls it at the same points."""
+        with self._guard():
+            start_tick, first = self._origin
+            ready = [m for m, batch in self._probes.items() if batch is not None and (
+                m < first or self.tick > start_tick + self.schedule.backward_tick(m - first, 0))]
+            results = []
+            for micro_batch in ready:
+                batch = self._probes.pop(micro_batch)
+                probes = {index: worker.probes.pop(micro_batch) for index, worker in self.workers.items()}
+                results += measure(micro_batch, batch, probes, self.stages, self.local, self.loss_fn, self.precision,
+                                   self.router, self._moment(PROBE, extra=micro_batch))
+            return gather(results, self.group, self.distributed) if ready else []
 
     # -- one tick -----------------------------------------------------------------------------------------------------
     def _run_tick(self, kind: int) -> list[tuple[int, torch.Tensor]]:

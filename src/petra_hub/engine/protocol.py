@@ -1,12 +1,13 @@
 """The header two neighbouring ranks swap before every exchange, and what they conclude from it.
 
-Before any payload moves between rank r and rank r+1 (every tick, every `infer`, every `gather_stages`) both send
-each other a `Header`: 12 int64 (96 bytes) saying what each is doing (a step tick, a drain tick, an inference, a
-gather), at which tick, after how many micro-batches, and which micro-batch of how many samples each expects to
-cross their boundary in each direction. Both ends fill the same fields from their own state, so in a consistent
-run the two headers are equal. Both ends then compare the same pair of headers with the same function (`check`),
-so a disagreement raises the same error, with the same text, on both ranks, and no payload of an unexpected size
-is ever posted (gloo aborts the process on a longer message and leaves the buffer's tail unwritten on a shorter).
+Before any payload moves between rank r and rank r+1 (every tick, every `infer`, `gather_stages` and
+`gradient_fidelity` pass) both send each other a `Header`: 12 int64 (96 bytes) saying what each is doing (a step
+tick, a drain tick, an inference, a gather, a reference pass), at which tick, after how many micro-batches, and
+which micro-batch of how many samples each expects to cross their boundary in each direction. Both ends fill the
+same fields from their own state, so in a consistent run the two headers are equal. Both ends then compare the same
+pair of headers with the same function (`check`), so a disagreement raises the same error, with the same text, on
+both ranks, and no payload of an unexpected size is ever posted (gloo aborts the process on a longer message and
+leaves the buffer's tail unwritten on a shorter).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import torch
 
 from .errors import PeerFailureError, StageMismatchError
 
-STEP, DRAIN, INFER, GATHER = 1, 2, 3, 4
-_ACTIONS = {STEP: "a step tick", DRAIN: "a drain tick", INFER: "infer", GATHER: "gather_stages"}
+STEP, DRAIN, INFER, GATHER, PROBE = 1, 2, 3, 4, 5
+_ACTIONS = {STEP: "a step tick", DRAIN: "a drain tick", INFER: "infer", GATHER: "gather_stages",
+            PROBE: "gradient_fidelity"}
 MAGIC = 0x50455452  # "PETR": a header that does not start with it is not one of ours
 NONE = -1  # no micro-batch crosses (or no batch size known)
 HEADER_LENGTH = 12
@@ -33,13 +35,13 @@ FEEDING_RULE = (
 class Moment:
     """Where a rank stands when it talks to its neighbours: what it is doing and its schedule position."""
 
-    kind: int  # STEP, DRAIN, INFER or GATHER
+    kind: int  # STEP, DRAIN, INFER, GATHER or PROBE
     global_tick: int  # ticks run since the pipeline started
     tick: int  # ticks since the schedule's origin (the last drain)
     fed: int  # micro-batches fed since the origin
     first: int  # the micro-batch at the origin
     group: int  # micro-batches in the open accumulation group
-    extra: int = 0  # GATHER: the destination rank (-1: every rank)
+    extra: int = 0  # GATHER: the destination rank (-1: every rank); PROBE: the probed micro-batch
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ class Header:
     forward_batch: int
     backward: int  # micro-batch whose gradients cross backward now
     backward_batch: int
-    last_batch: int  # samples of the last micro-batch fed (INFER: of the inference batch)
+    last_batch: int  # samples of the last micro-batch fed (INFER: of the inference batch; PROBE: of the probed one)
     extra: int
 
     def tensor(self, device: torch.device) -> torch.Tensor:
@@ -84,7 +86,7 @@ class Header:
 
 def header_for(moment: Moment, left_stage: int, schedule, batch_sizes: dict[int, int], batch: int | None) -> Header:
     """The header of the boundary between stage `left_stage` and the next one, as this rank sees it. `batch` is
-    the inference batch (INFER only)."""
+    the inference or probed batch (INFER and PROBE only)."""
     forward = backward = NONE
     if moment.kind in (STEP, DRAIN):
         found = schedule.forward_at(left_stage, moment.tick, moment.fed)
@@ -130,6 +132,7 @@ def check(left: Header | None, right: Header | None, left_rank: int, describe: C
     ):
         if a != b:
             what = "the inference batch has" if left.kind == INFER else f"micro-batch {micro_batch} has"
+            what = f"probed micro-batch {left.extra} has" if left.kind == PROBE else what
             raise StageMismatchError(
                 f"{what} {_samples(a)} on {names[0]} but {_samples(b)} on {names[1]}: every rank must be fed the "
                 "same micro-batches, of the same size"

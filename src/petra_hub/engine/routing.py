@@ -19,7 +19,7 @@ from .schedule import Schedule
 from .tensors import Activation
 from .transport import ActivationSpec, Incoming, NeighbourTransport, Outgoing, Posted
 
-FORWARD_TAG, BACKWARD_TAG, INFER_TAG, HEADER_TAG = 1, 2, 3, 4
+FORWARD_TAG, BACKWARD_TAG, INFER_TAG, HEADER_TAG, PROBE_FORWARD_TAG, PROBE_BACKWARD_TAG = 1, 2, 3, 4, 5, 6
 
 
 class Router:
@@ -171,20 +171,31 @@ class Router:
         return (self.local.start if peer < self.rank else self.local.stop) - 1
 
     def receive_for_inference(self, batch: int, moment: Moment) -> Activation:
-        deadline = self.transport.deadline()
-        self.agree(moment, "left", batch, deadline)
-        parts = self.forward_parts(self.local.start - 1)
-        message = Incoming(self.rank - 1, INFER_TAG, message_bytes(parts, batch), torch.uint8, "activations")
-        (buffer,) = self.transport.exchange(self.rank, [], [message], moment.global_tick, deadline)
-        (value,) = decode(buffer, parts, batch)
+        (value,) = self.receive_alone("left", INFER_TAG, self.forward_parts(self.local.start - 1), batch, moment)
         return value
 
     def send_for_inference(self, value: Activation, batch: int, moment: Moment) -> None:
-        deadline = self.transport.deadline()
-        self.agree(moment, "right", batch, deadline)
-        message = Outgoing(self.rank + 1, INFER_TAG, encode([value], self.forward_parts(self.local.stop - 1)))
-        self.transport.exchange(self.rank, [message], [], moment.global_tick, deadline)
+        self.send_alone("right", INFER_TAG, [value], self.forward_parts(self.local.stop - 1), batch, moment)
 
+    def receive_alone(self, side: str, tag: int, parts: list[Part], batch: int, moment: Moment) -> list[Activation]:
+        """One message from the neighbouring rank on `side` ("left" or "right"), outside the tick exchange (after
+        agreeing on `moment` with it)."""
+        deadline = self.transport.deadline()
+        self.agree(moment, side, batch, deadline)
+        peer = self.rank - 1 if side == "left" else self.rank + 1
+        message = Incoming(peer, tag, message_bytes(parts, batch), torch.uint8, "activations" if side == "left"
+                           else "gradients")
+        (buffer,) = self.transport.exchange(self.rank, [], [message], moment.global_tick, deadline)
+        return decode(buffer, parts, batch)
+
+    def send_alone(self, side: str, tag: int, values: list[Activation], parts: list[Part], batch: int,
+                   moment: Moment) -> None:
+        """The counterpart of `receive_alone` on the neighbouring rank on `side`."""
+        deadline = self.transport.deadline()
+        self.agree(moment, side, batch, deadline)
+        peer = self.rank - 1 if side == "left" else self.rank + 1
+        self.transport.exchange(self.rank, [Outgoing(peer, tag, encode(values, parts))], [], moment.global_tick,
+                                deadline)
 
 def _returned_and_gradient(values: list) -> tuple:
     """(the input sent back for reconstruction or None, the gradient) from a backward message's parts."""

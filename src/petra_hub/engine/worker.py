@@ -12,6 +12,7 @@ from torch import nn
 
 from .batchnorm import frozen_running_stats
 from .errors import PipelineError
+from .fidelity import StageProbe
 from .accounting import MemoryStats, StageCounters, nbytes, recording_saved_tensors, relative_error
 from .modes import Mode
 from .pending import Pending, stashed_weights
@@ -103,12 +104,16 @@ class StageWorker:
         self.counters = StageCounters()
         self.group: list[int] = []  # micro-batches whose gradients are accumulated and not yet applied
         self._pending: dict[int, Pending] = {}
+        self.probes: dict[int, StageProbe] = {}  # probed micro-batches (see `fidelity`)
         self._group_ends: set[int] = set()  # micro-batches after which a group closes before reaching k
         self._peak = 0
 
     # -- the two halves of a tick ---------------------------------------------------------------------------------
     @_timed
     def forward(self, micro_batch: int, inputs: Activation) -> Activation:
+        probe = self.probes.get(micro_batch)
+        if probe is not None:
+            probe.at_forward(self.params, inputs, self.is_first)
         pending = Pending()
         if self.mode.stashes_weights:
             pending.weights = [p.detach().clone() for p in self.params]
@@ -139,6 +144,9 @@ class StageWorker:
         only when the stage reconstructs its input. Returns (input, gradient of the input); the input is what
         the previous stage receives back, None at the first stage."""
         pending = self._take(micro_batch)
+        probe = self.probes.get(micro_batch)
+        if probe is not None:
+            probe.before_backward(self.params)
         if self.loss_scale is not None:
             grad_outputs = self.loss_scale.scale_incoming(grad_outputs)
         if self.reconstructs:
@@ -162,6 +170,8 @@ class StageWorker:
             inputs = pending.inputs
             with replaying(pending.rng):
                 grad_inputs = self._recompute_and_backward(inputs, grad_outputs, pending.weights)
+        if probe is not None:
+            probe.after_backward(self.params, self._gradient_scale)
         self._count_backward(micro_batch)
         if self.is_first:
             return None, None
@@ -173,6 +183,11 @@ class StageWorker:
     ) -> tuple[torch.Tensor, Activation | None, Activation | None]:
         """The last stage: forward, loss and backward in one tick. Returns (loss, input, gradient of input)."""
         self.counters.forwards += 1
+        probe = self.probes.get(micro_batch)
+        if probe is not None:
+            probe.at_forward(self.params, inputs, self.is_first)
+            probe.before_backward(self.params)
+            probe.targets = targets
         leaves = detached(inputs, requires_grad=not self.is_first)
         with torch.enable_grad():
             with self._autocast(leaves):
@@ -180,6 +195,8 @@ class StageWorker:
             if loss.dtype in LOW_PRECISION:
                 loss = loss.float()
             (loss if self.loss_scale is None else loss * self.loss_scale.scale).backward()
+        if probe is not None:
+            probe.after_backward(self.params, self._gradient_scale)
         self._count_backward(micro_batch)
         if self.is_first:
             return loss.detach(), None, None
@@ -289,6 +306,11 @@ class StageWorker:
         self.counters.backwards += 1
         self.group.append(micro_batch)
         self._track_peak()
+
+    @property
+    def _gradient_scale(self) -> float:
+        """What the gradients accumulated in `.grad` are multiplied by (the fp16 loss scale)."""
+        return self.loss_scale.scale if self.loss_scale is not None else 1.0
 
     def _autocast(self, value: Activation):
         return self.precision.autocast(as_tuple(value)[0].device)

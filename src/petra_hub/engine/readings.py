@@ -1,0 +1,48 @@
+"""What can be read off a running pipeline: counters, memory, time and bytes exchanged, traces, the learning rate.
+None of it changes the pipeline's state; `trace_events` alone is a collective."""
+
+from __future__ import annotations
+
+from .accounting import MemoryStats, StageCounters
+from .errors import PipelineError
+from .trace import Event, gather_events
+
+
+class Readings:
+    """Mixed into `Pipeline` (which sets `workers`, `transport`, `trace` and `distributed`)."""
+
+    @property
+    def exchange_seconds(self) -> float:
+        """Wall time this rank has spent exchanging messages with its neighbours (waiting included)."""
+        return self.transport.seconds if self.transport is not None else 0.0
+
+    @property
+    def exchange_bytes(self) -> int:
+        """Bytes this rank has sent to its neighbours (messages and headers)."""
+        return self.transport.bytes_sent if self.transport is not None else 0
+
+    def last_lr(self) -> float | None:
+        """The learning rate of this rank's first stage (every stage follows the same schedule), None without an
+        optimizer."""
+        worker = self.workers[self.local.start]
+        if worker.scheduler is not None:
+            return float(worker.scheduler.get_last_lr()[0])
+        if worker.optimizer is not None:
+            return float(worker.optimizer.param_groups[0]["lr"])
+        return None
+
+    def trace_events(self) -> list[Event]:
+        """Every rank's recorded events (`trace=True`), gathered on every rank (a collective when distributed)."""
+        if self.trace is None:
+            raise PipelineError("trace_events() needs Pipeline(trace=True)")
+        return gather_events(self.trace, self.distributed)
+
+    def counters(self) -> dict[int, StageCounters]:
+        return {index: worker.counters for index, worker in self.workers.items()}
+
+    def memory(self) -> dict[int, MemoryStats]:
+        return {index: worker.memory() for index, worker in self.workers.items()}
+
+    def in_flight(self) -> dict[int, list[int]]:
+        """Per local stage, the micro-batches between their forward and their backward (the FIFO)."""
+        return {index: worker.in_flight for index, worker in self.workers.items()}
