@@ -25,6 +25,10 @@ setup(
         "pyyaml",
         "pillow",
     ],
-    extras_require={"test": ["pytest>=8", "matplotlib>=3.7"], "plots": ["matplotlib>=3.7"]},
+    extras_require={
+        "test": ["pytest>=8", "matplotlib>=3.7", "tensorboard>=2.14"],
+        "plots": ["matplotlib>=3.7"],
+        "tensorboard": ["tensorboard>=2.14"],
+    },
     entry_points={"console_scripts": ["petra-train=petra_hub.training.recipe:main"]},
 )

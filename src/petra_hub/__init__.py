@@ -22,6 +22,7 @@ _LAZY = {
     "Mode": "petra_hub.engine",
     "PetraTrainer": "petra_hub.training",
     "PetraTrainingArguments": "petra_hub.training",
+    "GradientFidelityCallback": "petra_hub.training",
     "load_image_dataset": "petra_hub.data",
     "collate_image_batch": "petra_hub.data",
     "image_processor_for": "petra_hub.data",
@@ -33,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .data import collate_image_batch, image_processor_for, load_image_dataset
     from .engine import Mode, Pipeline
     from .models.revnet import RevNetConfig, RevNetForImageClassification, RevNetModel, RevNetPreTrainedModel
-    from .training import PetraTrainer, PetraTrainingArguments
+    from .training import GradientFidelityCallback, PetraTrainer, PetraTrainingArguments
 
 
 def __getattr__(name: str) -> Any:

@@ -178,6 +178,9 @@ class PetraTrainer(Trainer):
 
         self.pipeline = self._build_pipeline(max_steps, steps_per_epoch)
         self._inference = None
+        for callback in self.callback_handler.callbacks:  # those that read the pipeline (GradientFidelityCallback)
+            if hasattr(callback, "bind_trainer"):
+                callback.bind_trainer(self)
         if resume_from_checkpoint is not None:
             load_stage_states(resume_from_checkpoint, self.pipeline)
         self.model.train()
@@ -380,7 +383,7 @@ class PetraTrainer(Trainer):
             if self.processing_class is not None:
                 self.processing_class.save_pretrained(output_dir)
             torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
-            self._write_model_card(output_dir)
+            write_run_card(self, output_dir)
         if dist.is_initialized():
             dist.barrier()
 
@@ -390,11 +393,8 @@ class PetraTrainer(Trainer):
     def _exportable_callbacks(self) -> list:
         return [cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)]
 
-    def _write_model_card(self, output_dir: str, **card_kwargs) -> None:
-        write_run_card(self, output_dir, **card_kwargs)
-
     def create_model_card(self, **kwargs) -> None:
         """`push_to_hub` calls this: the PETRA card replaces the generic one (the keyword arguments of
         `Trainer.create_model_card` are honoured)."""
         if self.args.should_save:
-            self._write_model_card(self.args.output_dir, **kwargs)
+            write_run_card(self, self.args.output_dir, **kwargs)
