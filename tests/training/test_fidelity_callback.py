@@ -91,3 +91,12 @@ def test_two_processes_log_what_one_process_logs(tmp_path):
     fidelity_run(tmp_path / "one", callback)
     expected = callback.history
     assert expected and all(result["value"] == expected for result in outcome)
+
+
+def test_the_training_argument_adds_the_callback(tmp_path):
+    trainer = fidelity_run(tmp_path / "argument", petra_gradient_fidelity_steps=6)
+    callback = [c for c in trainer.callback_handler.callbacks if isinstance(c, GradientFidelityCallback)]
+    assert len(callback) == 1 and callback[0].every_n_steps == 6
+    assert sorted({r["micro_batch"] for r in callback[0].history}) == [0, 6]
+    with pytest.raises(ValueError, match="petra_gradient_fidelity_steps"):
+        make_trainer(tmp_path / "negative", petra_gradient_fidelity_steps=-1)

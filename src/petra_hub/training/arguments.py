@@ -70,6 +70,11 @@ class PetraTrainingArguments(TrainingArguments):
         default=0.05,
         metadata={"help": "Warn when the logged reconstruction_error exceeds this relative error."},
     )
+    petra_gradient_fidelity_steps: int = field(
+        default=0,
+        metadata={"help": "Every N steps, compare each stage's gradient with the end-to-end and the stashed-weight "
+                          "gradients (GradientFidelityCallback; logged as fidelity/stage_<i>/...; 0: off)."},
+    )
 
     def __post_init__(self):
         Mode.parse(self.petra_mode)
@@ -87,6 +92,8 @@ class PetraTrainingArguments(TrainingArguments):
             raise ValueError(
                 f"petra_check_reconstruction_every must be >= 0 (0: off), got {self.petra_check_reconstruction_every}"
             )
+        if self.petra_gradient_fidelity_steps < 0:
+            raise ValueError(f"petra_gradient_fidelity_steps must be >= 0 (0: off), got {self.petra_gradient_fidelity_steps}")
         self.milestones()
         check_supported(self)
         if not torch.cuda.is_available():

@@ -73,3 +73,22 @@ def reconstruction_error(pipeline: Pipeline, args) -> dict[str, float]:
             worst, args.petra_reconstruction_warning,
         )
     return {"reconstruction_error": worst}
+
+
+def training_logs(window: LossWindow, pipeline: Pipeline, args) -> dict[str, float]:
+    """A training log entry: the mean loss of `window`, the gradient norm (with clipping), the reconstruction error
+    (when checked), the learning rate and the samples per second (collectives: call on every rank)."""
+    logs = {}
+    if window.losses:
+        logs["loss"] = window.loss_sum / window.losses
+    if args.max_grad_norm:
+        logs["grad_norm"] = grad_norm(pipeline, args.device, args.petra_data_parallel)
+    if args.petra_check_reconstruction_every:
+        logs.update(reconstruction_error(pipeline, args))
+    learning_rate = pipeline.last_lr()
+    if learning_rate is not None:
+        logs["learning_rate"] = learning_rate
+    elapsed = time.time() - window.opened
+    if elapsed > 0 and window.samples:
+        logs["samples_per_second"] = round(window.samples / elapsed, 3)
+    return logs

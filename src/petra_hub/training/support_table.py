@@ -310,6 +310,9 @@ TRAINING_ARGUMENT_SUPPORT: dict[str, FieldSupport] = {
         "sampled check of the inputs reversible stages rebuild, logged as reconstruction_error (0: off)"
     ),
     "petra_reconstruction_warning": _honoured("a logged reconstruction_error above this relative error warns"),
+    "petra_gradient_fidelity_steps": _honoured(
+        "every N steps, per-stage gradient fidelity against the end-to-end and stashed-weight gradients (0: off)"
+    ),
     # -- added back by PetraTrainingArguments (transformers 5 dropped it) ---------------------------------------------
     "overwrite_output_dir": _honoured(
         "train into an output_dir that already holds another run's checkpoints or model (refused otherwise)"

@@ -32,8 +32,9 @@ from .card import write_run_card
 from .checkpoint import PetraState, load_best_model, load_stage_states, validate_checkpoint, write_checkpoint
 from .distributed import broadcast_module, raise_on_every_rank, world_size
 from .evaluation import run_inference
+from .fidelity import GradientFidelityCallback
 from .guards import RunLock, check_finite, check_not_another_run, check_output_dir
-from .losses import LossWindow, collect, grad_norm, reconstruction_error
+from .losses import LossWindow, collect, training_logs
 from .optimization import optimizer_factory, scheduler_factory
 from .sampler import EpochSampler
 
@@ -56,6 +57,8 @@ class PetraTrainer(Trainer):
                 f"model's problem_type is {self.model.config.problem_type!r}"
             )
         self.stages = self._make_stages()
+        if args.petra_gradient_fidelity_steps:
+            self.add_callback(GradientFidelityCallback(args.petra_gradient_fidelity_steps))
         world, replicas = world_size(), args.petra_data_parallel
         self.replica = replica_of(dist.get_rank() if world > 1 else 0, world, replicas)
         self.pipeline: Pipeline | None = None
@@ -322,21 +325,9 @@ class PetraTrainer(Trainer):
 
     def _log_training(self, force: bool = False) -> None:
         window, self._unlogged = self._unlogged, LossWindow()
-        logs = {}
-        if window.losses:
-            logs["loss"] = window.loss_sum / window.losses
-            self._total_loss_scalar += window.loss_sum
-            self._losses_logged += window.losses
-        if self.args.max_grad_norm:
-            logs["grad_norm"] = grad_norm(self.pipeline, self.args.device, self.args.petra_data_parallel)
-        if self.args.petra_check_reconstruction_every:
-            logs.update(reconstruction_error(self.pipeline, self.args))
-        learning_rate = self.pipeline.last_lr()
-        if learning_rate is not None:
-            logs["learning_rate"] = learning_rate
-        elapsed = time.time() - window.opened
-        if elapsed > 0 and window.samples:
-            logs["samples_per_second"] = round(window.samples / elapsed, 3)
+        self._total_loss_scalar += window.loss_sum
+        self._losses_logged += window.losses
+        logs = training_logs(window, self.pipeline, self.args)
         self._globalstep_last_logged = self.state.global_step
         if logs or force:
             self.log(logs)
