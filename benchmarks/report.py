@@ -383,6 +383,88 @@ def accuracy_summary(r, arg=None):
     return table([label(s) for s in r["summary"]], rows, "r" * len(r["summary"]))
 
 
+# The paper's Table 4: CIFAR-100 test accuracy (%) of RevNet-18, k = 1 (reversible backprop is not in it).
+PAPER_TABLE4_REVNET18 = {"backprop": 77.5, "delayed": 76.5, "input_buffer": 76.4, "weight_stash": 75.4, "petra": 75.9}
+
+
+def accuracy_table4(r, arg=None):
+    """Our six configurations beside the paper's CIFAR-100 RevNet-18 row; ranks among the paper's five (ties share
+    a rank, marked "=")."""
+    ours = {s["mode"]: s for s in r["summary"] if s["k"] == 1}
+    compared = [mode for mode in ours if mode in PAPER_TABLE4_REVNET18]
+    our_ranks = ranks({mode: round(ours[mode]["mean"], 2) for mode in compared})
+    paper_ranks = ranks(PAPER_TABLE4_REVNET18)
+    rows = []
+    for mode, s in ours.items():
+        paper = PAPER_TABLE4_REVNET18.get(mode)
+        gap = f"{s['gap_mean']:+.2f} ± {s['gap_std']:.2f}" if "gap_mean" in s else "(reference)"
+        rows.append([
+            mode, f"{s['mean']:.2f} ± {s['std']:.2f}", gap, our_ranks.get(mode, "—"),
+            "—" if paper is None else f"{paper:.1f}",
+            "—" if paper is None else f"{paper - PAPER_TABLE4_REVNET18['backprop']:+.1f}",
+            paper_ranks.get(mode, "—"),
+        ])  # fmt: skip
+    seeds = len(r["settings"]["seeds"])
+    header = ["configuration", f"digits: test accuracy % ({seeds} seeds)", "gap to backprop (paired)", "rank",
+              "paper CIFAR-100", "paper gap", "paper rank"]
+    return table(header, rows, "lrrrrrr")
+
+
+def ranks(scores: dict[str, float]) -> dict[str, str]:
+    """1 for the best; equal scores share the rank of the first of them, marked with "="."""
+    result = {}
+    for name, score in scores.items():
+        rank = 1 + sum(other > score for other in scores.values())
+        tied = sum(other == score for other in scores.values()) > 1
+        result[name] = f"{rank}{'=' if tied else ''}"
+    return result
+
+
+# -- fidelity --------------------------------------------------------------------------------------------------------
+def fidelity_epochs(r) -> list[int]:
+    last = int(r["settings"]["epochs"])
+    return sorted({1, max(1, last // 2), last})
+
+
+def fidelity_mean(r, metric: str, stage: int, epoch: int | None = None) -> float:
+    """The mean of `metric` at `stage` over every seed's records (of `epoch`, counted from 1, if given)."""
+    values = [rec[metric] for run in r["runs"] for rec in run["records"] if rec["stage"] == stage
+              and (epoch is None or int(rec["epoch"] - 1e-9) + 1 == epoch)]
+    return statistics.fmean(values)
+
+
+def fidelity_main(r, arg=None):
+    """Per stage, the cosine similarities at the first, middle and last epoch."""
+    stages = sorted({rec["stage"] for rec in need(r, "runs")[0]["records"]})
+    epochs = fidelity_epochs(r)
+    rows = []
+    for stage in stages:
+        row = [stage]
+        for epoch in epochs:
+            row.append(" / ".join(f"{fidelity_mean(r, m, stage, epoch):.3f}"
+                                  for m in ("cosine_true", "cosine_stashed_true", "cosine_stashed")))
+        rows.append(row)
+    header = ["stage"] + [f"epoch {e}: PETRA·e2e / stash·e2e / PETRA·stash" for e in epochs]
+    return table(header, rows, "r" + "r" * len(epochs))
+
+
+def fidelity_summary(r, arg=None):
+    """Per stage over the whole run: mean cosines and norm ratios, and how often PETRA is the closer of the two
+    delayed gradients to the end-to-end one."""
+    stages = sorted({rec["stage"] for rec in need(r, "runs")[0]["records"]})
+    rows = []
+    for stage in stages:
+        records = [rec for run in r["runs"] for rec in run["records"] if rec["stage"] == stage]
+        differ = [rec for rec in records if abs(rec["cosine_true"] - rec["cosine_stashed_true"]) > 1e-9]
+        closer = statistics.fmean(rec["cosine_true"] > rec["cosine_stashed_true"] for rec in differ) if differ else None
+        rows.append([stage] + [f"{fidelity_mean(r, m, stage):.3f}" for m in (
+            "cosine_true", "cosine_stashed_true", "cosine_stashed", "norm_ratio_true", "norm_ratio_stashed_true",
+            "norm_ratio_stashed")] + [percent(closer) if closer is not None else "same gradient"])
+    header = ["stage", "cos PETRA·e2e", "cos stash·e2e", "cos PETRA·stash", "‖PETRA‖/‖e2e‖", "‖stash‖/‖e2e‖",
+              "‖PETRA‖/‖stash‖", "PETRA closer to e2e"]
+    return table(header, rows, "r" * len(header))
+
+
 # -- numerics --------------------------------------------------------------------------------------------------------
 def sci(value: float) -> str:
     return "0" if value == 0 else f"{value:.1e}"
@@ -525,7 +607,8 @@ RENDERERS = {
         "one-process": throughput_one_process,
         "one-process-ratio": throughput_one_process_ratio,
     },
-    "accuracy_digits": {"summary": accuracy_summary, "main": accuracy_main},
+    "accuracy_digits": {"summary": accuracy_summary, "main": accuracy_main, "table4": accuracy_table4},
+    "fidelity": {"main": fidelity_main, "summary": fidelity_summary},
     "messages": {"main": messages_main},
     "compile": {"main": from_benchmark("compile")},
     "gpu": {"main": from_benchmark("gpu")},

@@ -89,3 +89,35 @@ def test_throughput_tables_render_from_a_quick_run(report):
     assert len(tables["ratios"].splitlines()) == 2 + methods - 1
     assert tables["partition"].count("\n") == 3  # header, rule, one row per rank
     assert "`python benchmarks/throughput.py --quick" in tables["run"]
+
+
+def test_table4_ranks_against_the_papers_row_with_ties(report):
+    def row(mode, mean, gap=None):
+        entry = {"mode": mode, "k": 1, "mean": mean, "std": 0.5}
+        return entry if gap is None else {**entry, "gap_mean": gap, "gap_std": 0.1}
+
+    result = {"settings": {"seeds": [0, 1, 2]}, "summary": [
+        row("backprop", 99.0), row("reversible_backprop", 99.5, 0.5), row("delayed", 98.0, -1.0),
+        row("input_buffer", 97.0, -2.0), row("weight_stash", 98.0, -1.0), row("petra", 96.5, -2.5)]}
+    lines = report.accuracy_table4(result).splitlines()
+    cells = {line.split(" | ")[0].strip("| "): [c.strip(" |") for c in line.split(" | ")] for line in lines[2:]}
+    assert cells["backprop"][3:] == ["1", "77.5", "+0.0", "1"]
+    assert cells["reversible_backprop"][3:] == ["—", "—", "—", "—"]  # not in the paper's table: not ranked
+    assert cells["delayed"][3] == cells["weight_stash"][3] == "2="
+    assert cells["input_buffer"][3] == "4" and cells["petra"][3:] == ["5", "75.9", "-1.6", "4"]
+
+
+def test_fidelity_tables_average_seeds_by_epoch(report):
+    def record(seed, epoch, stage, true, stashed_true):
+        return {"epoch": epoch, "stage": stage, "cosine_true": true, "cosine_stashed_true": stashed_true,
+                "cosine_stashed": 0.9, "norm_ratio_true": 1.0, "norm_ratio_stashed_true": 1.0,
+                "norm_ratio_stashed": 1.0}
+
+    runs = [{"records": [record(s, e, j, 0.5 + 0.1 * s, 0.4 + 0.3 * s) for e in (0.5, 1.5, 2.0) for j in (0, 1)]}
+            for s in (0, 1)]
+    result = {"settings": {"epochs": 2}, "runs": runs}
+    main = report.fidelity_main(result).splitlines()
+    assert main[0].count("epoch") == 2  # epochs 1 and 2
+    assert main[2].startswith("| 0 | 0.550 / 0.550 / 0.900 | 0.550 / 0.550 / 0.900")
+    summary = report.fidelity_summary(result).splitlines()
+    assert summary[2].endswith("| 50.0% |")  # seed 0: PETRA closer (0.5 > 0.4); seed 1: not (0.6 < 0.7)
