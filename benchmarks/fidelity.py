@@ -68,23 +68,31 @@ def one_run(run, mode: str, seed: int, epochs: float, every: int, workdir: str) 
         sys.stderr.write(captured.getvalue())
         raise
     (callback,) = [c for c in trainer.callback_handler.callbacks if isinstance(c, GradientFidelityCallback)]
+    columns = list(callback.history[0]) if callback.history else []
     return {"seed": seed, "test_accuracy": metrics["eval_accuracy"], "optimizer_steps": trainer.state.global_step,
-            "num_stages": len(trainer.stages), "wall_s": time.perf_counter() - start, "records": callback.history}
+            "num_stages": len(trainer.stages), "wall_s": time.perf_counter() - start,
+            "columns": columns, "rows": [[round(r[c], 6) for c in columns] for r in callback.history]}
+
+
+def records(run: dict) -> list[dict]:
+    """A run's callback records (stored as columns and rows to keep the JSON small)."""
+    return [dict(zip(run["columns"], row)) for row in run["rows"]]
 
 
 def draw(result: dict, images: Path) -> list[Path]:
     from petra_hub.plots import plot_fidelity_by_stage, plot_fidelity_history
 
     run = result["runs"][0]
+    history = records(run)
     settings = result["settings"]
     mode = "PETRA" if settings["mode"] == "petra" else settings["mode"]
     what = f"RevNet18 on digits, J = {run['num_stages']}, {mode} k = 1, seed {run['seed']}"
     epochs = int(settings["epochs"])
     marks = sorted({1, max(1, epochs // 3), max(1, 2 * epochs // 3), epochs})
     return [
-        plot_fidelity_history(run["records"], images / "fidelity-over-training.png",
+        plot_fidelity_history(history, images / "fidelity-over-training.png",
                               f"Gradient fidelity per stage over training (epoch means), {what}"),
-        plot_fidelity_by_stage(run["records"], images / "fidelity-by-stage.png", marks,
+        plot_fidelity_by_stage(history, images / "fidelity-by-stage.png", marks,
                                f"Cosine similarities by stage, {what}"),
     ]
 
@@ -98,7 +106,7 @@ def main(argv=None) -> dict:
         for seed in args.seeds:
             runs.append(one_run(run, args.mode, seed, args.epochs, args.every, workdir))
             r = runs[-1]
-            progress(f"seed {seed}: {len(r['records'])} records, test accuracy {100 * r['test_accuracy']:.2f} %, "
+            progress(f"seed {seed}: {len(r['rows'])} records, test accuracy {100 * r['test_accuracy']:.2f} %, "
                      f"{r['wall_s']:.1f} s (load {load_average()})")
     settings = {"mode": args.mode, "k": 1, "epochs": args.epochs, "every_n_steps": args.every, "seeds": args.seeds,
                 "threads": 1}

@@ -426,16 +426,21 @@ def fidelity_epochs(r) -> list[int]:
     return sorted({1, max(1, last // 2), last})
 
 
+def fidelity_records(r) -> list[dict]:
+    """Every seed's probe records (benchmarks/fidelity.py stores each run's as columns and rows)."""
+    return [dict(zip(run["columns"], row)) for run in need(r, "runs") for row in run["rows"]]
+
+
 def fidelity_mean(r, metric: str, stage: int, epoch: int | None = None) -> float:
     """The mean of `metric` at `stage` over every seed's records (of `epoch`, counted from 1, if given)."""
-    values = [rec[metric] for run in r["runs"] for rec in run["records"] if rec["stage"] == stage
+    values = [rec[metric] for rec in fidelity_records(r) if rec["stage"] == stage
               and (epoch is None or int(rec["epoch"] - 1e-9) + 1 == epoch)]
     return statistics.fmean(values)
 
 
 def fidelity_main(r, arg=None):
     """Per stage, the cosine similarities at the first, middle and last epoch."""
-    stages = sorted({rec["stage"] for rec in need(r, "runs")[0]["records"]})
+    stages = sorted({rec["stage"] for rec in fidelity_records(r)})
     epochs = fidelity_epochs(r)
     rows = []
     for stage in stages:
@@ -451,10 +456,10 @@ def fidelity_main(r, arg=None):
 def fidelity_summary(r, arg=None):
     """Per stage over the whole run: mean cosines and norm ratios, and how often PETRA is the closer of the two
     delayed gradients to the end-to-end one."""
-    stages = sorted({rec["stage"] for rec in need(r, "runs")[0]["records"]})
+    every = fidelity_records(r)
     rows = []
-    for stage in stages:
-        records = [rec for run in r["runs"] for rec in run["records"] if rec["stage"] == stage]
+    for stage in sorted({rec["stage"] for rec in every}):
+        records = [rec for rec in every if rec["stage"] == stage]
         differ = [rec for rec in records if abs(rec["cosine_true"] - rec["cosine_stashed_true"]) > 1e-9]
         closer = statistics.fmean(rec["cosine_true"] > rec["cosine_stashed_true"] for rec in differ) if differ else None
         rows.append([stage] + [f"{fidelity_mean(r, m, stage):.3f}" for m in (

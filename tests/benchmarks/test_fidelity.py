@@ -15,6 +15,7 @@ def test_a_short_run_writes_records_and_pictures(tmp_path):
     subprocess.run(command, check=True, capture_output=True, timeout=300, cwd=ROOT)
     result = json.loads(out.read_text())
     (run,) = result["runs"]
+    run["records"] = [dict(zip(run["columns"], row)) for row in run["rows"]]
     # 0.5 epoch = 23 steps of 32 samples: probes at steps 0, 4, ..., 20; all ten stages each
     assert sorted({r["micro_batch"] for r in run["records"]}) == [0, 4, 8, 12, 16, 20]
     assert len(run["records"]) == 6 * 10

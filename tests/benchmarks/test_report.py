@@ -113,8 +113,10 @@ def test_fidelity_tables_average_seeds_by_epoch(report):
                 "cosine_stashed": 0.9, "norm_ratio_true": 1.0, "norm_ratio_stashed_true": 1.0,
                 "norm_ratio_stashed": 1.0}
 
-    runs = [{"records": [record(s, e, j, 0.5 + 0.1 * s, 0.4 + 0.3 * s) for e in (0.5, 1.5, 2.0) for j in (0, 1)]}
-            for s in (0, 1)]
+    runs = []
+    for s in (0, 1):
+        records = [record(s, e, j, 0.5 + 0.1 * s, 0.4 + 0.3 * s) for e in (0.5, 1.5, 2.0) for j in (0, 1)]
+        runs.append({"columns": list(records[0]), "rows": [list(r.values()) for r in records]})
     result = {"settings": {"epochs": 2}, "runs": runs}
     main = report.fidelity_main(result).splitlines()
     assert main[0].count("epoch") == 2  # epochs 1 and 2
