@@ -9,7 +9,8 @@
 Every run is the recipe's `run(argv)` (`recipes/train_revnet.py`, loaded with `runpy`) in this process, one after
 the other, one intra-op thread; only the mode and k change, and the learning rate follows the paper's linear
 scaling (lr = 0.4 * 32 * k / 256). A configuration is `MODE` or `MODE-kN` (e.g. `petra-k4`, `delayed`,
-`backprop-k2`), optionally with `@PRECISION` (one of `PRECISIONS`, e.g. `petra-k1@bf16`). Setup and discussion:
+`backprop-k2`), optionally with `+REMEDY` (one of `REMEDIES`, e.g. `petra-k1+predict`) and `@PRECISION` (one of
+`PRECISIONS`, e.g. `petra-k1@bf16`). Setup and discussion:
 docs/benchmarks-accuracy.md and docs/benchmarks-precision.md; tables: `python benchmarks/report.py`.
 """
 
@@ -57,14 +58,25 @@ PRECISIONS = {
     "wire-fp16": ["--petra_message_dtype", "fp16"],
     "bf16-wire-bf16": ["--bf16", "true", "--petra_message_dtype", "bf16"],
 }
+# Remedies for the delay by name (docs/delay-remedies.md): the recipe flags that turn them on.
+REMEDIES = {
+    "none": [],
+    "predict": ["--petra_weight_prediction", "1"],
+    "predict-half": ["--petra_weight_prediction", "0.5"],
+}
 
 
-def parse_config(name: str) -> tuple[str, int, str]:
-    """'petra-k4' -> ('petra', 4, 'fp32'); 'delayed' -> ('delayed', 1, 'fp32'); 'petra-k1@bf16' -> (.., 'bf16')."""
+def parse_config(name: str) -> tuple[str, int, str, str]:
+    """MODE[-kN][+REMEDY][@PRECISION]: 'petra-k4' -> ('petra', 4, 'fp32', 'none'); 'delayed' -> ('delayed', 1, ..);
+    'petra-k1+predict@bf16' -> ('petra', 1, 'bf16', 'predict')."""
     name, _, precision = name.partition("@")
     precision = precision or "fp32"
     if precision not in PRECISIONS:
         raise argparse.ArgumentTypeError(f"unknown precision {precision!r}; precisions: {', '.join(PRECISIONS)}")
+    name, _, remedy = name.partition("+")
+    remedy = remedy or "none"
+    if remedy not in REMEDIES:
+        raise argparse.ArgumentTypeError(f"unknown remedy {remedy!r}; remedies: {', '.join(REMEDIES)}")
     mode, k = name, 1
     if "-k" in name:
         mode, _, digits = name.rpartition("-k")
@@ -73,12 +85,13 @@ def parse_config(name: str) -> tuple[str, int, str]:
         k = int(digits)
     if mode not in MODES:
         raise argparse.ArgumentTypeError(f"unknown mode in configuration {name!r}; modes: {', '.join(MODES)}")
-    return mode, k, precision
+    return mode, k, precision, remedy
 
 
 def config_name(value: str) -> str:
-    mode, k, precision = parse_config(value)
+    mode, k, precision, remedy = parse_config(value)
     name = mode if k == 1 and mode != "petra" else f"{mode}-k{k}"
+    name = name if remedy == "none" else f"{name}+{remedy}"
     return name if precision == "fp32" else f"{name}@{precision}"
 
 
@@ -111,10 +124,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def recipe_argv(
     mode: str, k: int, seed: int, epochs: float, output_dir: str, num_stages: int | None = None,
-    precision: str = "fp32",
+    precision: str = "fp32", remedy: str = "none",
 ) -> list[str]:
     stages = ["--petra_num_stages", str(num_stages)] if num_stages else []
-    return stages + PRECISIONS[precision] + [
+    return stages + PRECISIONS[precision] + REMEDIES[remedy] + [
         "--output_dir", output_dir,
         "--petra_mode", mode,
         "--gradient_accumulation_steps", str(k),
@@ -133,9 +146,9 @@ def recipe_argv(
 
 
 def one_run(run, mode: str, k: int, seed: int, epochs: float, workdir: str, verbose: bool = False,
-            num_stages: int | None = None, precision: str = "fp32") -> dict:
+            num_stages: int | None = None, precision: str = "fp32", remedy: str = "none") -> dict:
     output_dir = tempfile.mkdtemp(prefix=f"{mode}-k{k}-s{seed}-", dir=workdir)
-    argv = recipe_argv(mode, k, seed, epochs, output_dir, num_stages, precision)
+    argv = recipe_argv(mode, k, seed, epochs, output_dir, num_stages, precision, remedy)
     start = time.perf_counter()
     if verbose:
         trainer, metrics = run(argv)
@@ -154,6 +167,7 @@ def one_run(run, mode: str, k: int, seed: int, epochs: float, workdir: str, verb
         "mode": mode,
         "k": k,
         "precision": precision,
+        "remedy": remedy,
         "seed": seed,
         "epochs": epochs,
         "num_stages": len(trainer.stages),
@@ -170,7 +184,8 @@ def one_run(run, mode: str, k: int, seed: int, epochs: float, workdir: str, verb
 def summarise(runs: list[dict], configs: list[str], baseline: str = BASELINE) -> list[dict]:
     by_config: dict[str, list[dict]] = {c: [] for c in configs}
     for r in runs:
-        by_config[config_name(f"{r['mode']}-k{r['k']}@{r.get('precision', 'fp32')}")].append(r)
+        remedy = r.get("remedy", "none")
+        by_config[config_name(f"{r['mode']}-k{r['k']}+{remedy}@{r.get('precision', 'fp32')}")].append(r)
     base = {r["seed"]: r["test_accuracy"] for r in by_config.get(baseline, [])}
     rows = []
     for name, group in by_config.items():
@@ -182,6 +197,7 @@ def summarise(runs: list[dict], configs: list[str], baseline: str = BASELINE) ->
             "mode": group[0]["mode"],
             "k": group[0]["k"],
             "precision": group[0].get("precision", "fp32"),
+            "remedy": group[0].get("remedy", "none"),
             "learning_rate": group[0]["learning_rate"],
             "optimizer_steps": group[0]["optimizer_steps"],
             "seeds": [r["seed"] for r in group],
@@ -216,8 +232,8 @@ def main(argv=None) -> dict:
     runs: list[dict] = []
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="petra-accuracy-") as workdir:
-        for index, (name, mode, k, precision, seed) in enumerate(plan, 1):
-            r = one_run(run, mode, k, seed, args.epochs, workdir, args.verbose, args.num_stages, precision)
+        for index, (name, mode, k, precision, remedy, seed) in enumerate(plan, 1):
+            r = one_run(run, mode, k, seed, args.epochs, workdir, args.verbose, args.num_stages, precision, remedy)
             runs.append(r)
             progress(
                 f"[{index}/{len(plan)}] {name:20s} seed {seed}: test accuracy {100 * r['test_accuracy']:.2f} %, "

@@ -68,6 +68,8 @@ class Pipeline(Readings):
             error of the input it rebuilds against a copy of the one it received (`counters()`); None: off.
         compile_options: compile this rank's stages with `torch.compile(**compile_options)` (see `compilation`).
         trace: record every operation with timestamps (`trace_events()`, see `trace`).
+        weight_prediction: h > 0 runs each forward at the stage's weights extrapolated h times its delay along its
+            last update (see `prediction`); 0 (default): off.
 
     Every rank calls `step` with the same micro-batches in the same order (rank 0 uses the inputs, the rank of
     the last stage uses the targets), and `end_group` and `drain` at the same points. An exception inside an
@@ -96,6 +98,7 @@ class Pipeline(Readings):
         check_reconstruction_every: int | None = None,
         compile_options: dict[str, Any] | None = None,
         trace: bool = False,
+        weight_prediction: float = 0.0,
     ):
         if not stages:
             raise ValueError("a pipeline needs at least one stage")
@@ -105,6 +108,8 @@ class Pipeline(Readings):
             raise ValueError(f"timeout must be positive, got {timeout}")
         if max_grad_norm is not None and max_grad_norm < 0:
             raise ValueError(f"max_grad_norm must be >= 0 (0 or None: no clipping), got {max_grad_norm}")
+        if weight_prediction < 0:
+            raise ValueError(f"weight_prediction must be >= 0 (0: off), got {weight_prediction}")
         if check_reconstruction_every is not None and check_reconstruction_every < 1:
             raise ValueError(f"check_reconstruction_every must be >= 1 or None, got {check_reconstruction_every}")
         self.precision = precision if isinstance(precision, Precision) else Precision.of(precision)
@@ -112,6 +117,7 @@ class Pipeline(Readings):
         self.loss_fn = loss_fn
         self.mode = Mode.parse(mode)
         self.accumulation_steps = accumulation_steps
+        self.weight_prediction = weight_prediction
         self.schedule = Schedule(len(self.stages), self.mode.pipelined)
         self.device = torch.device(device) if device is not None else None
         self.timeout = timeout
@@ -169,6 +175,7 @@ class Pipeline(Readings):
                 precision=self.precision,
                 check_reconstruction_every=check_reconstruction_every,
                 trace=self.trace,
+                weight_prediction=weight_prediction,
             )
         reconstructs = [self.mode.reconstructs and bool(getattr(s, "reversible", False)) for s in self.stages]
         self.router = Router(
@@ -385,7 +392,7 @@ class Pipeline(Readings):
     def _settings(self) -> tuple:
         """What every rank of the pipeline must agree on."""
         return (self.num_stages, self.mode.value, self.accumulation_steps, [len(g) for g in self.placement.groups],
-                self.precision.describe())
+                self.precision.describe(), self.weight_prediction)
 
     def _average_gradients(self, params: list[nn.Parameter]) -> None:
         average_gradients(params, self.replicas.peer_group, self.data_parallel_size)

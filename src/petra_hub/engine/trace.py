@@ -11,6 +11,7 @@ process per rank, one thread per stage.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import time
 from collections.abc import Iterator
@@ -30,6 +31,32 @@ class Event:
     micro_batch: int | None  # None for updates and exchanges
     start: float  # seconds, time.perf_counter()
     end: float
+
+
+_WORKER_EVENTS = {"forward": "forward", "backward": "backward", "forward_backward_last": "forward+backward",
+                  "maybe_update": "update"}
+
+
+def timed(method):
+    """For a `StageWorker` operation: add its CPU time to `counters.compute_seconds` (CPU, not wall, time: other
+    processes sharing the cores do not count), and with a trace, record it as an event (an update only when it
+    happened)."""
+    kind = _WORKER_EVENTS[method.__name__]
+
+    @functools.wraps(method)
+    def timed_method(self, *args, **kwargs):
+        start, wall = time.process_time(), time.perf_counter() if self.trace is not None else 0.0
+        result = None
+        try:
+            result = method(self, *args, **kwargs)
+            return result
+        finally:
+            self.counters.compute_seconds += time.process_time() - start
+            if self.trace is not None and (kind != "update" or result is True):
+                micro_batch = None if kind == "update" else args[0]
+                self.trace.add(kind, self.index, micro_batch, wall, time.perf_counter())
+
+    return timed_method
 
 
 class Trace:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import time
 from collections.abc import Callable
 from types import SimpleNamespace
 
@@ -16,37 +14,13 @@ from .fidelity import StageProbe
 from .accounting import MemoryStats, StageCounters, nbytes, recording_saved_tensors, relative_error
 from .modes import Mode
 from .pending import Pending, stashed_weights
+from .prediction import WeightPredictor
 from .precision import LOW_PRECISION, LossScale, Precision
 from .randomness import capture, drawn_since, replaying, units
 from .tensors import Activation, as_tuple, detached, like
-from .trace import Trace
+from .trace import Trace, timed
 
 UpdateHook = Callable[[int, list[int], nn.Module], None]
-
-
-_EVENT_KINDS = {"forward": "forward", "backward": "backward", "forward_backward_last": "forward+backward",
-                "maybe_update": "update"}
-
-
-def _timed(method):
-    """Add the CPU time of a worker operation to `counters.compute_seconds` (CPU, not wall, time: other processes
-    sharing the cores do not count), and with a trace, record it as an event (an update only when it happened)."""
-    kind = _EVENT_KINDS[method.__name__]
-
-    @functools.wraps(method)
-    def timed(self, *args, **kwargs):
-        start, wall = time.process_time(), time.perf_counter() if self.trace is not None else 0.0
-        result = None
-        try:
-            result = method(self, *args, **kwargs)
-            return result
-        finally:
-            self.counters.compute_seconds += time.process_time() - start
-            if self.trace is not None and (kind != "update" or result is True):
-                micro_batch = None if kind == "update" else args[0]
-                self.trace.add(kind, self.index, micro_batch, wall, time.perf_counter())
-
-    return timed
 
 
 class StageWorker:
@@ -61,6 +35,8 @@ class StageWorker:
 
     Precision: every evaluation of the stage runs under the policy's autocast, and what leaves the stage is cast
     to the stream dtype; with fp16, gradients are scaled by the stage's own loss scale (see `precision`).
+
+    Weight prediction (off by default): forwards run at the weights extrapolated to the backward (see `prediction`).
     """
 
     def __init__(
@@ -79,6 +55,7 @@ class StageWorker:
         precision: Precision | None = None,
         check_reconstruction_every: int | None = None,
         trace: Trace | None = None,
+        weight_prediction: float = 0.0,
     ):
         self.index = index
         self.trace = trace
@@ -102,6 +79,8 @@ class StageWorker:
         self.params = [p for p in stage.parameters() if p.requires_grad]
         self.units = units(stage) if self.reconstructs else [stage]
         self.counters = StageCounters()
+        updates_in_flight = 2 * (num_stages - 1 - index) / accumulation_steps if mode.pipelined else 0.0
+        self.predictor = WeightPredictor(weight_prediction * updates_in_flight)
         self.group: list[int] = []  # micro-batches whose gradients are accumulated and not yet applied
         self._pending: dict[int, Pending] = {}
         self.probes: dict[int, StageProbe] = {}  # probed micro-batches (see `fidelity`)
@@ -109,8 +88,14 @@ class StageWorker:
         self._peak = 0
 
     # -- the two halves of a tick ---------------------------------------------------------------------------------
-    @_timed
+    @timed
     def forward(self, micro_batch: int, inputs: Activation) -> Activation:
+        """Run the stage on `inputs` without a graph (with its graph in `backprop` mode), at the predicted weights
+        with weight prediction; keep what the backward will need."""
+        with stashed_weights(self.params, self.predictor.predicted(self.params)):
+            return self._forward(micro_batch, inputs)
+
+    def _forward(self, micro_batch: int, inputs: Activation) -> Activation:
         probe = self.probes.get(micro_batch)
         if probe is not None:
             probe.at_forward(self.params, inputs, self.is_first)
@@ -136,7 +121,7 @@ class StageWorker:
         self._track_peak()
         return outputs
 
-    @_timed
+    @timed
     def backward(
         self, micro_batch: int, grad_outputs: Activation, outputs: Activation | None = None
     ) -> tuple[Activation | None, Activation | None]:
@@ -177,7 +162,7 @@ class StageWorker:
             return None, None
         return detached(inputs), self._outgoing(grad_inputs)
 
-    @_timed
+    @timed
     def forward_backward_last(
         self, micro_batch: int, inputs: Activation, targets, loss_fn: Callable
     ) -> tuple[torch.Tensor, Activation | None, Activation | None]:
@@ -203,7 +188,7 @@ class StageWorker:
         return loss.detach(), detached(leaves), self._outgoing(self._leaf_grads(leaves))
 
     # -- updates ----------------------------------------------------------------------------------------------------
-    @_timed
+    @timed
     def maybe_update(self, flush: bool = False) -> bool:
         """Apply the accumulated gradient when k micro-batches are in, when the group was closed early after the
         last one (`end_group_after`), or, with `flush`, when any are."""
@@ -228,7 +213,9 @@ class StageWorker:
         if self.on_update is not None:
             self.on_update(self.index, list(self.group), self.stage)
         if self.optimizer is not None:
+            self.predictor.before_update(self.params)
             self.optimizer.step()
+            self.predictor.after_update(self.params)
         if self.scheduler is not None:
             self.scheduler.step()
         for param in self.params:
@@ -258,7 +245,7 @@ class StageWorker:
         return bool(flag.grad.item() > 0)
 
     def state_dict(self) -> dict:
-        """The optimizer, LR-scheduler and fp16 loss-scale states (None where the stage has none)."""
+        """The optimizer, LR-scheduler, fp16 loss-scale and weight-prediction states (None where the stage has none)."""
         return {name: part.state_dict() if part is not None else None for name, part in self._stateful().items()}
 
     def load_state_dict(self, state: dict) -> None:
@@ -267,7 +254,8 @@ class StageWorker:
                 part.load_state_dict(state[name])
 
     def _stateful(self) -> dict:
-        return {"optimizer": self.optimizer, "scheduler": self.scheduler, "loss_scale": self.loss_scale}
+        return {"optimizer": self.optimizer, "scheduler": self.scheduler, "loss_scale": self.loss_scale,
+                "weight_prediction": self.predictor if self.predictor.active else None}
 
     def end_group_after(self, micro_batch: int) -> None:
         """Close the current accumulation group once `micro_batch` has been backpropagated here."""

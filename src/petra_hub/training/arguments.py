@@ -70,6 +70,11 @@ class PetraTrainingArguments(TrainingArguments):
         default=0.05,
         metadata={"help": "Warn when the logged reconstruction_error exceeds this relative error."},
     )
+    petra_weight_prediction: float = field(
+        default=0.0,
+        metadata={"help": "h > 0: each stage runs its forwards at its weights extrapolated along its last update "
+                          "over h times its delay (weight prediction; 0: off)."},
+    )
     petra_gradient_fidelity_steps: int = field(
         default=0,
         metadata={"help": "Every N steps, compare each stage's gradient with the end-to-end and the stashed-weight "
@@ -92,6 +97,8 @@ class PetraTrainingArguments(TrainingArguments):
             raise ValueError(
                 f"petra_check_reconstruction_every must be >= 0 (0: off), got {self.petra_check_reconstruction_every}"
             )
+        if self.petra_weight_prediction < 0:
+            raise ValueError(f"petra_weight_prediction must be >= 0 (0: off), got {self.petra_weight_prediction}")
         if self.petra_gradient_fidelity_steps < 0:
             raise ValueError(f"petra_gradient_fidelity_steps must be >= 0 (0: off), got {self.petra_gradient_fidelity_steps}")
         self.milestones()

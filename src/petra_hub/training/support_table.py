@@ -310,6 +310,9 @@ TRAINING_ARGUMENT_SUPPORT: dict[str, FieldSupport] = {
         "sampled check of the inputs reversible stages rebuild, logged as reconstruction_error (0: off)"
     ),
     "petra_reconstruction_warning": _honoured("a logged reconstruction_error above this relative error warns"),
+    "petra_weight_prediction": _honoured(
+        "forwards at the weights extrapolated over h times the stage's delay along its last update (0: off)"
+    ),
     "petra_gradient_fidelity_steps": _honoured(
         "every N steps, per-stage gradient fidelity against the end-to-end and stashed-weight gradients (0: off)"
     ),

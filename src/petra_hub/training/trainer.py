@@ -138,6 +138,7 @@ class PetraTrainer(Trainer):
             precision=args.precision(),
             check_reconstruction_every=args.petra_check_reconstruction_every or None,
             compile_options=args.compile_options(),
+            weight_prediction=args.petra_weight_prediction,
         )
 
     def _pipeline_for_inference(self) -> Pipeline:

@@ -1,0 +1,56 @@
+"""Weight prediction: a stage runs each forward at an extrapolation of its weights to the time of the matching
+backward (SpecTrain, Chen et al. 2018; PipeMare's discrepancy correction, Yang et al. 2021).
+
+In a pipelined mode stage j runs the backward of a micro-batch 2(J-1-j) ticks after its forward, i.e. after
+d_j = 2(J-1-j)/k more updates of its own. PETRA's backward uses the weights of that later time (to rebuild the input
+and for the Jacobians) while the forward ran with the older ones. With `weight_prediction=h` the forward runs at
+
+    theta_hat = theta + h * d_j * delta,    delta = theta after its last update - theta before it,
+
+so the activations sent up (and, for reversible stages, the input rebuilt later from them) come from weights close
+to those of the backward: the gradient approaches the end-to-end gradient at the backward's weights. h = 1
+extrapolates over the whole delay; with momentum SGD `delta` is a smooth estimate of the coming steps. The backward
+and the update are unchanged. Costs: `delta` (one copy of the stage's weights) and one multiply-add per weight and
+forward; nothing for the last stage (d = 0) or in synchronous modes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class WeightPredictor:
+    """One stage's extrapolation over `horizon` = h * d_j of its own updates (0: off)."""
+
+    def __init__(self, horizon: float = 0.0):
+        if horizon < 0:
+            raise ValueError(f"weight_prediction must be >= 0 (0: off), got a horizon of {horizon} updates")
+        self.horizon = horizon
+        self.delta: list[torch.Tensor] | None = None
+        self._before: list[torch.Tensor] | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.horizon > 0
+
+    def predicted(self, params: list[nn.Parameter]) -> list[torch.Tensor] | None:
+        """The weights for a forward now, None where nothing is predicted (off, or before the first update)."""
+        if not self.active or self.delta is None:
+            return None
+        return [p.detach() + self.horizon * d for p, d in zip(params, self.delta)]
+
+    def before_update(self, params: list[nn.Parameter]) -> None:
+        if self.active:
+            self._before = [p.detach().clone() for p in params]
+
+    def after_update(self, params: list[nn.Parameter]) -> None:
+        if self._before is not None:
+            self.delta = [p.detach() - before for p, before in zip(params, self._before)]
+            self._before = None
+
+    def state_dict(self) -> dict:
+        return {"delta": self.delta}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.delta = state["delta"]
