@@ -63,6 +63,7 @@ REMEDIES = {
     "none": [],
     "predict": ["--petra_weight_prediction", "1"],
     "predict-half": ["--petra_weight_prediction", "0.5"],
+    "delay-warmup": ["--petra_delay_lr_warmup", "0.25"],
 }
 
 

@@ -75,6 +75,11 @@ class PetraTrainingArguments(TrainingArguments):
         metadata={"help": "h > 0: each stage runs its forwards at its weights extrapolated along its last update "
                           "over h times its delay (weight prediction; 0: off)."},
     )
+    petra_delay_lr_warmup: float = field(
+        default=0.0,
+        metadata={"help": "Delay-aware warm-up (PipeMare): each stage starts at lr / tau, tau = its delay in "
+                          "updates, and reaches lr after this many steps (a fraction of the run if below 1; 0: off)."},
+    )
     petra_gradient_fidelity_steps: int = field(
         default=0,
         metadata={"help": "Every N steps, compare each stage's gradient with the end-to-end and the stashed-weight "
@@ -99,6 +104,8 @@ class PetraTrainingArguments(TrainingArguments):
             )
         if self.petra_weight_prediction < 0:
             raise ValueError(f"petra_weight_prediction must be >= 0 (0: off), got {self.petra_weight_prediction}")
+        if self.petra_delay_lr_warmup < 0:
+            raise ValueError(f"petra_delay_lr_warmup must be >= 0 (0: off), got {self.petra_delay_lr_warmup}")
         if self.petra_gradient_fidelity_steps < 0:
             raise ValueError(f"petra_gradient_fidelity_steps must be >= 0 (0: off), got {self.petra_gradient_fidelity_steps}")
         self.milestones()

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from transformers import Trainer, get_scheduler
 
+from ..engine import Mode
 from ..engine.optim import weight_decay_groups
 from .arguments import PetraTrainingArguments
 
@@ -24,9 +25,11 @@ def optimizer_factory(args: PetraTrainingArguments, model: nn.Module) -> Callabl
     return make
 
 
-def scheduler_factory(args: PetraTrainingArguments, max_steps: int, steps_per_epoch: float) -> Callable:
+def scheduler_factory(args: PetraTrainingArguments, max_steps: int, steps_per_epoch: float,
+                      num_stages: int = 1) -> Callable:
     """`lr_scheduler_type` through transformers' `get_scheduler`, or the paper's warm-up + step decay when
-    `petra_lr_milestones` is set."""
+    `petra_lr_milestones` is set; with `petra_delay_lr_warmup`, each stage's factor is multiplied by its delay
+    warm-up (`delay_warmup`)."""
     warmup = args.get_warmup_steps(max_steps)
     milestones = [round(epoch * steps_per_epoch) for epoch in args.milestones()]
     if milestones:
@@ -37,11 +40,38 @@ def scheduler_factory(args: PetraTrainingArguments, max_steps: int, steps_per_ep
                 return step / max(1, warmup)
             return gamma ** sum(step >= m for m in milestones)
 
-        return lambda index, optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-    return lambda index, optimizer: get_scheduler(
-        args.lr_scheduler_type,
-        optimizer,
-        num_warmup_steps=warmup,
-        num_training_steps=max_steps,
-        scheduler_specific_kwargs=args.lr_scheduler_kwargs or {},
-    )
+        base = lambda index, optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, factor)  # noqa: E731
+    else:
+        base = lambda index, optimizer: get_scheduler(  # noqa: E731
+            args.lr_scheduler_type,
+            optimizer,
+            num_warmup_steps=warmup,
+            num_training_steps=max_steps,
+            scheduler_specific_kwargs=args.lr_scheduler_kwargs or {},
+        )
+    if not args.petra_delay_lr_warmup:
+        return base
+
+    def with_delay_warmup(index: int, optimizer):
+        scheduler = base(index, optimizer)
+        if type(scheduler) is not torch.optim.lr_scheduler.LambdaLR:
+            raise ValueError(
+                f"petra_delay_lr_warmup needs a schedule given by a factor per step (linear, cosine, constant, ... or "
+                f"petra_lr_milestones), not lr_scheduler_type={args.lr_scheduler_type!r}"
+            )
+        (schedule,) = scheduler.lr_lambdas
+        delay = delay_warmup(index, num_stages, args, max_steps)
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: schedule(step) * delay(step))
+
+    return with_delay_warmup
+
+
+def delay_warmup(index: int, num_stages: int, args: PetraTrainingArguments, max_steps: int) -> Callable[[int], float]:
+    """PipeMare's learning-rate rescheduling: stage `index`, whose gradients are tau = 2(J-1-index)/k updates old,
+    starts at lr / tau and reaches lr after W steps, along lr * tau^-(1 - step/W) (tau < 1 counts as 1; W =
+    `petra_delay_lr_warmup` steps, or that fraction of the run if below 1)."""
+    length = args.petra_delay_lr_warmup
+    length = length * max_steps if length < 1 else length
+    pipelined = Mode.parse(args.petra_mode).pipelined
+    tau = max(1.0, 2 * (num_stages - 1 - index) / args.gradient_accumulation_steps) if pipelined else 1.0
+    return lambda step: tau ** -max(0.0, 1.0 - step / max(1.0, length))

@@ -123,13 +123,14 @@ class PetraTrainer(Trainer):
 
     def _build_pipeline(self, max_steps: int = 0, steps_per_epoch: float = 1.0, training: bool = True) -> Pipeline:
         args = self.args
+        schedules = scheduler_factory(args, max_steps, steps_per_epoch, len(self.stages)) if training else None
         return Pipeline(
             self.stages,
             self._loss,
             mode=args.petra_mode,
             accumulation_steps=args.gradient_accumulation_steps if training else 1,
             optimizer_factory=optimizer_factory(args, self.model) if training else None,
-            scheduler_factory=scheduler_factory(args, max_steps, steps_per_epoch) if training else None,
+            scheduler_factory=schedules,
             partition=args.partition_sizes(),
             data_parallel_size=args.petra_data_parallel,
             device=args.device,

@@ -1,0 +1,70 @@
+"""The delay remedies on the Trainer: weight prediction reaches every stage's worker, and the delay-aware
+warm-up gives each stage lr * tau^-(1 - step / W) on top of the usual schedule."""
+
+import pytest
+import torch
+
+from petra_hub.training import PetraTrainingArguments
+from petra_hub.training.optimization import scheduler_factory
+from tests.training.test_trainer import make_trainer
+
+
+def learning_rates(args, num_stages, steps, max_steps=100):
+    rates = {}
+    make = scheduler_factory(args, max_steps, 10.0, num_stages)
+    for index in range(num_stages):
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=args.learning_rate)
+        scheduler = make(index, optimizer)
+        rates[index] = []
+        for _ in range(steps):
+            rates[index].append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            scheduler.step()
+    return rates
+
+
+def test_delay_warmup_starts_each_stage_at_lr_over_its_delay(tmp_path):
+    args = PetraTrainingArguments(output_dir=str(tmp_path), learning_rate=0.1, lr_scheduler_type="constant",
+                                  petra_delay_lr_warmup=8, gradient_accumulation_steps=2, report_to=[])
+    rates = learning_rates(args, num_stages=5, steps=12)
+    for index, values in rates.items():
+        tau = max(1.0, 2 * (5 - 1 - index) / 2)  # 4, 3, 2, 1, 1 updates in flight
+        expected = [0.1 * tau ** -max(0.0, 1 - step / 8) for step in range(12)]
+        assert values == pytest.approx(expected, rel=1e-12), index
+    assert rates[0][0] == pytest.approx(0.025) and rates[4] == [pytest.approx(0.1)] * 12
+
+    fraction = PetraTrainingArguments(output_dir=str(tmp_path), learning_rate=0.1, lr_scheduler_type="cosine",
+                                      petra_delay_lr_warmup=0.25, report_to=[])
+    plain = PetraTrainingArguments(output_dir=str(tmp_path), learning_rate=0.1, lr_scheduler_type="cosine",
+                                   report_to=[])
+    warmed, cosine = learning_rates(fraction, 3, 40), learning_rates(plain, 3, 40)
+    for step in range(40):  # W = 25 steps of the 100; stage 0's delay is 4 updates
+        assert warmed[0][step] == pytest.approx(cosine[0][step] * 4 ** -max(0.0, 1 - step / 25), rel=1e-12)
+
+
+def test_delay_warmup_refuses_a_schedule_it_cannot_multiply(tmp_path, monkeypatch):
+    """Every schedule transformers' get_scheduler offers PetraTrainer is a LambdaLR today; one that is not is
+    refused rather than silently left without the warm-up."""
+    from petra_hub.training import optimization
+
+    monkeypatch.setattr(optimization, "get_scheduler",
+                        lambda name, optimizer, **kwargs: torch.optim.lr_scheduler.StepLR(optimizer, 10))
+    args = PetraTrainingArguments(output_dir=str(tmp_path), lr_scheduler_type="linear", petra_delay_lr_warmup=10,
+                                  report_to=[])
+    with pytest.raises(ValueError, match="petra_delay_lr_warmup needs a schedule given by a factor per step"):
+        learning_rates(args, 2, 1)
+    with pytest.raises(ValueError, match="petra_delay_lr_warmup must be >= 0"):
+        PetraTrainingArguments(output_dir=str(tmp_path), petra_delay_lr_warmup=-1, report_to=[])
+
+
+def test_weight_prediction_reaches_every_stage(tmp_path):
+    trainer = make_trainer(tmp_path / "predicted", petra_weight_prediction=0.5, max_steps=4)
+    trainer.train()
+    workers = trainer.pipeline.workers
+    stages = len(workers)
+    assert [w.predictor.horizon for w in workers.values()] == [0.5 * 2 * (stages - 1 - j) / 2 for j in range(stages)]
+    plain = make_trainer(tmp_path / "plain", max_steps=4)
+    plain.train()
+    changed = [name for name, value in plain.model.state_dict().items()
+               if not torch.equal(value, trainer.model.state_dict()[name])]
+    assert changed  # the forwards ran at other weights
