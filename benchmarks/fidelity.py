@@ -4,6 +4,7 @@
     python benchmarks/fidelity.py            # RevNet18, J = 10, PETRA k = 1, 12 epochs, 15 probes per epoch (~2 min)
     python benchmarks/fidelity.py --quick    # 1 epoch: fidelity-quick.json, no pictures
     python benchmarks/fidelity.py --seeds 0 1 2 --every 3
+    python benchmarks/fidelity.py --seeds 0 1 2 --remedy predict --no-pictures --out benchmarks/results/fidelity_predict.json
 
 Each run is the recipe (`recipes/train_revnet.py`, as in accuracy_digits.py: micro-batch 32, lr 0.05, cosine
 schedule) with `--petra_gradient_fidelity_steps EVERY`, i.e. `GradientFidelityCallback`: the first micro-batch of
@@ -35,7 +36,7 @@ if str(HERE) not in sys.path:
 
 import torch  # noqa: E402
 
-from accuracy_digits import RECIPE, recipe_argv  # noqa: E402
+from accuracy_digits import RECIPE, REMEDIES, recipe_argv  # noqa: E402
 from common import add_out_argument, load_average, progress, results_path, write_results  # noqa: E402
 from petra_hub.training import GradientFidelityCallback  # noqa: E402
 
@@ -48,6 +49,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=float, default=None, help="default 12 (quick: 1)")
     parser.add_argument("--every", type=int, default=3, help="probe every this many steps (default 3: 15 per epoch)")
     parser.add_argument("--mode", default="petra", help="the pipeline's mode (default petra)")
+    parser.add_argument("--remedy", choices=list(REMEDIES), default="none",
+                        help="a delay remedy of accuracy_digits.py (default none)")
+    parser.add_argument("--no-pictures", action="store_true", help="write the JSON only")
     parser.add_argument("--quick", action="store_true", help="1 epoch, no pictures: a smoke test of the script")
     parser.add_argument("--images", type=Path, default=IMAGES, help="where the pictures go (default docs/images)")
     add_out_argument(parser, "fidelity")
@@ -56,9 +60,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def one_run(run, mode: str, seed: int, epochs: float, every: int, workdir: str) -> dict:
+def one_run(run, mode: str, seed: int, epochs: float, every: int, workdir: str, remedy: str = "none") -> dict:
     output_dir = tempfile.mkdtemp(prefix=f"fidelity-s{seed}-", dir=workdir)
-    argv = recipe_argv(mode, 1, seed, epochs, output_dir) + ["--petra_gradient_fidelity_steps", str(every)]
+    argv = recipe_argv(mode, 1, seed, epochs, output_dir, remedy=remedy)
+    argv += ["--petra_gradient_fidelity_steps", str(every)]
     captured = io.StringIO()
     start = time.perf_counter()
     try:
@@ -104,15 +109,15 @@ def main(argv=None) -> dict:
     runs = []
     with tempfile.TemporaryDirectory(prefix="petra-fidelity-") as workdir:
         for seed in args.seeds:
-            runs.append(one_run(run, args.mode, seed, args.epochs, args.every, workdir))
+            runs.append(one_run(run, args.mode, seed, args.epochs, args.every, workdir, args.remedy))
             r = runs[-1]
             progress(f"seed {seed}: {len(r['rows'])} records, test accuracy {100 * r['test_accuracy']:.2f} %, "
                      f"{r['wall_s']:.1f} s (load {load_average()})")
-    settings = {"mode": args.mode, "k": 1, "epochs": args.epochs, "every_n_steps": args.every, "seeds": args.seeds,
-                "threads": 1}
+    settings = {"mode": args.mode, "k": 1, "remedy": args.remedy, "epochs": args.epochs, "every_n_steps": args.every,
+                "seeds": args.seeds, "threads": 1}
     result = write_results(results_path(args.out, "fidelity", args.quick), "fidelity", "fidelity.py", argv, settings,
                            runs=runs)
-    if not args.quick:
+    if not (args.quick or args.no_pictures):
         for path in draw(result, args.images):
             progress(f"wrote {path}")
     return result

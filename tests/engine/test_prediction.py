@@ -75,3 +75,23 @@ def test_resuming_from_state_dict_continues_exactly():
 def test_bad_setting():
     with pytest.raises(ValueError, match="weight_prediction must be >= 0"):
         Pipeline(small_model().get_stages(), F.cross_entropy, weight_prediction=-1)
+
+
+def _two_process_prediction(rank, world_size):
+    model = small_model("revnet18", dtype=torch.float32, seed=3)
+    pipeline = Pipeline(model.get_stages(), F.cross_entropy, optimizer_factory=sgd, weight_prediction=0.5, timeout=60)
+    for images, labels in batches_for(model.config, 16, torch.float32):
+        pipeline.step(images, labels)
+    pipeline.drain()
+    pipeline.gather_stages(dst=0)
+    return [p.detach().clone() for p in model.parameters()] if rank == 0 else None
+
+
+def test_two_processes_predict_as_one(tmp_path):
+    from petra_hub.testing.ranks import run_ranks
+
+    torch.set_num_threads(1)
+    expected = _two_process_prediction(0, 1)
+    outcome, codes, _ = run_ranks(_two_process_prediction, 2, out_dir=tmp_path, deadline=150)
+    assert codes == [0, 0], [r and r.get("traceback") for r in outcome]
+    assert all(torch.equal(a, b) for a, b in zip(outcome[0]["value"], expected))

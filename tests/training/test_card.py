@@ -168,6 +168,15 @@ def test_learning_rate_zero_still_gets_a_card(tmp_path):
     assert "| Learning rate | 0 |" in load_card(tmp_path / "saved").text
 
 
+def test_the_card_names_the_delay_remedies(tmp_path):
+    trainer = make_trainer(tmp_path, max_steps=2, petra_weight_prediction=0.5, petra_delay_lr_warmup=0.25)
+    trainer.train()
+    trainer.save_model(str(tmp_path / "saved"))
+    text = load_card(tmp_path / "saved").text
+    assert "Weight prediction (petra_weight_prediction)" in text and "0.5 x each stage's delay" in text
+    assert "Delay-aware warm-up (petra_delay_lr_warmup) | 0.25 |" in text
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # `datasets` data sets
 

@@ -13,11 +13,14 @@ def learning_rates(args, num_stages, steps, max_steps=100):
     rates = {}
     make = scheduler_factory(args, max_steps, 10.0, num_stages)
     for index in range(num_stages):
-        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=args.learning_rate)
+        groups = [{"params": [torch.nn.Parameter(torch.zeros(1))]}, {"params": [torch.nn.Parameter(torch.zeros(1))]}]
+        optimizer = torch.optim.SGD(groups, lr=args.learning_rate)  # two groups, as weight decay makes
         scheduler = make(index, optimizer)
         rates[index] = []
         for _ in range(steps):
-            rates[index].append(optimizer.param_groups[0]["lr"])
+            first, second = (group["lr"] for group in optimizer.param_groups)
+            assert first == second
+            rates[index].append(first)
             optimizer.step()
             scheduler.step()
     return rates

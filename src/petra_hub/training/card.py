@@ -310,6 +310,11 @@ def summarize_trainer(trainer, output_dir: str, **card_kwargs) -> TrainingSummar
     precision = args.precision()
     if precision.compute is not None or precision.messages is not None:
         extra["Precision"] = precision.describe()
+    if args.petra_weight_prediction:
+        extra["Weight prediction (petra_weight_prediction)"] = (
+            f"forwards at the weights extrapolated over {args.petra_weight_prediction:g} x each stage's delay")
+    if args.petra_delay_lr_warmup:
+        extra["Delay-aware warm-up (petra_delay_lr_warmup)"] = f"{args.petra_delay_lr_warmup:g}"
     processor = {} if facts.from_registry else _processor_convention(trainer.processing_class)
     repo_id = getattr(trainer, "hub_model_id", None) or args.hub_model_id
     fields.setdefault("model_name", Path(repo_id or output_dir).name)

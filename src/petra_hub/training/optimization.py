@@ -59,9 +59,9 @@ def scheduler_factory(args: PetraTrainingArguments, max_steps: int, steps_per_ep
                 f"petra_delay_lr_warmup needs a schedule given by a factor per step (linear, cosine, constant, ... or "
                 f"petra_lr_milestones), not lr_scheduler_type={args.lr_scheduler_type!r}"
             )
-        (schedule,) = scheduler.lr_lambdas
         delay = delay_warmup(index, num_stages, args, max_steps)
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: schedule(step) * delay(step))
+        factors = [lambda step, schedule=schedule: schedule(step) * delay(step) for schedule in scheduler.lr_lambdas]
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, factors)
 
     return with_delay_warmup
 
