@@ -1,5 +1,6 @@
 """The schedule as it really ran on 2 processes: PETRA against naive model parallelism (the engine's synchronous
-`backprop` and `reversible_backprop`), traced and drawn as per-rank timelines.
+`backprop` and `reversible_backprop`) and torch's `Schedule1F1B` with checkpointing, traced and drawn as per-rank
+timelines.
 
     python benchmarks/timeline.py            # docs/images/timeline-*.png + benchmarks/results/timeline.json (1 min)
     python benchmarks/timeline.py --quick    # tiny model: timeline-quick.json and PNGs in a temporary folder
@@ -29,13 +30,16 @@ os.environ.update(SINGLE_THREAD_ENV)
 
 import torch  # noqa: E402
 
-from common import add_out_argument, build_model, feed, make_pipeline, progress, random_batches  # noqa: E402
-from common import results_path, revnet_config, write_results  # noqa: E402
-from petra_hub.engine.trace import EXCHANGE, events_as_dicts, write_chrome_trace  # noqa: E402
+from common import add_out_argument, build_model, cross_entropy, feed, make_pipeline, progress  # noqa: E402
+from common import random_batches, results_path, revnet_config, sgd, write_results  # noqa: E402
+from petra_hub.engine import Placement  # noqa: E402
+from petra_hub.engine.trace import EXCHANGE, Trace, events_as_dicts, gather_events, write_chrome_trace  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH, RECIPE_WIDTH  # noqa: E402
 
 METHODS = {"petra": "PETRA", "reversible_backprop": "naive model parallelism, reversible backprop",
-           "backprop": "naive model parallelism, backprop"}
+           "backprop": "naive model parallelism, backprop",
+           "1f1b": "torch Schedule1F1B, checkpointed (one PipelineStage per rank)"}
+ENGINE_METHODS = ("petra", "reversible_backprop", "backprop")  # the rest are torch's schedules
 IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images"
 
 
@@ -56,7 +60,7 @@ def job(rank, world_size, settings):
     torch.manual_seed(0)
     batches = random_batches(4, settings.batch, 32)
     traced = {}
-    for mode in METHODS:
+    for mode in ENGINE_METHODS:
         model = build_model(revnet_config("revnet18", width=settings.width, num_labels=10))
         pipeline = make_pipeline(model.get_stages(), mode, lr=0.01, timeout=600, trace=True)
         feed(pipeline, batches, 2 * pipeline.num_stages)  # warm-up: fill, and leave PETRA in steady state
@@ -65,7 +69,49 @@ def job(rank, world_size, settings):
         events = pipeline.trace_events()
         pipeline.drain()
         traced[mode] = events_as_dicts(events)
+    traced["1f1b"] = one_f_one_b(rank, world_size, settings, batches)
     return traced
+
+
+def one_f_one_b(rank, world_size, settings, batches) -> list[dict]:
+    """torch.distributed.pipelining's `Schedule1F1B` over the same stages, split as the engine splits them, each
+    rank's group one checkpointed `PipelineStage` (throughput.py's `Part`, what PETRA is compared with at equal
+    activation memory). Traced by wrapping the stage's per-micro-batch forward and backward; its sends and
+    receives are not recorded (they show as gaps)."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    from throughput import Part
+
+    stages = build_model(revnet_config("revnet18", width=settings.width, num_labels=10)).get_stages()
+    local = Placement.balanced(len(stages), world_size).groups[rank]
+    part = Part(stages[local.start : local.stop], first=rank == 0, last=rank == world_size - 1)
+    part.train()
+    optimizer = sgd(part, 0.01)
+    stage = PipelineStage(part, rank, world_size, torch.device("cpu"))
+    count = settings.micro_batches
+    schedule = Schedule1F1B(stage, n_microbatches=count, loss_fn=cross_entropy)
+    trace = Trace(rank)
+    for method, kind in (("forward_one_chunk", "forward"), ("backward_one_chunk", "backward")):
+        def recorded(chunk, *args, _run=getattr(stage, method), _kind=kind, **kwargs):
+            with trace.record(_kind, local.start, chunk):
+                return _run(chunk, *args, **kwargs)
+
+        setattr(stage, method, recorded)
+
+    def step():
+        chosen = [batches[i % len(batches)] for i in range(count)]
+        if rank == 0:
+            schedule.step(*[torch.cat([images for images, _ in chosen])])
+        else:
+            schedule.step(target=torch.cat([labels for _, labels in chosen]), losses=[])
+        with trace.record("update", local.start):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    step()  # warm-up (shape inference)
+    trace.events.clear()
+    step()
+    return events_as_dicts(gather_events(trace, True))
 
 
 def busy_fraction(events: list[dict]) -> dict[int, float]:

@@ -14,7 +14,7 @@ def test_quick_timelines(tmp_path):
                "--images", str(tmp_path)]
     subprocess.run(command, check=True, capture_output=True, timeout=300)
     result = json.loads((tmp_path / "timeline.json").read_text())
-    assert set(result["summary"]) == {"petra", "reversible_backprop", "backprop"}
+    assert set(result["summary"]) == {"petra", "reversible_backprop", "backprop", "1f1b"}
     for mode, entry in result["summary"].items():
         assert Path(entry["png"]).read_bytes()[:4] == b"\x89PNG"
         trace = json.loads(Path(entry["chrome_trace"]).read_text())

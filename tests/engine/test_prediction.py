@@ -95,3 +95,25 @@ def test_two_processes_predict_as_one(tmp_path):
     outcome, codes, _ = run_ranks(_two_process_prediction, 2, out_dir=tmp_path, deadline=150)
     assert codes == [0, 0], [r and r.get("traceback") for r in outcome]
     assert all(torch.equal(a, b) for a, b in zip(outcome[0]["value"], expected))
+
+
+def test_nothing_is_extrapolated_where_no_update_comes_before_the_backward():
+    """After a drain the pipeline fills again: the first micro-batch's forwards have no backward ahead of them, so
+    they run at the weights as they are; in steady state the forwards run at extrapolated weights."""
+    model = small_model("revnet18", seed=3)
+    batches = batches_for(model.config, 24)
+    pipeline = Pipeline(model.get_stages(), F.cross_entropy, optimizer_factory=sgd, weight_prediction=1.0)
+    for images, labels in batches[:20]:
+        pipeline.step(images, labels)
+    steady = pipeline.probe()
+    pipeline.step(*batches[20])
+    pipeline.drain()
+    after_drain = {j: [p.detach().clone() for p in w.params] for j, w in pipeline.workers.items()}
+    first = pipeline.probe()
+    for images, labels in batches[21:]:
+        pipeline.step(images, labels)
+    for j in (0, 1, 2):  # their forwards of `first` ran before any backward of the new fill
+        assert all(torch.equal(a, b) for a, b in zip(pipeline.workers[j].probes[first].weights_forward, after_drain[j]))
+    assert pipeline.workers[0].predictor.delta is not None
+    moved = pipeline.workers[0].probes[steady].weights_forward
+    assert not all(torch.equal(a, b) for a, b in zip(moved, after_drain[0]))

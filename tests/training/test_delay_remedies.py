@@ -65,7 +65,7 @@ def test_weight_prediction_reaches_every_stage(tmp_path):
     trainer.train()
     workers = trainer.pipeline.workers
     stages = len(workers)
-    assert [w.predictor.horizon for w in workers.values()] == [0.5 * 2 * (stages - 1 - j) / 2 for j in range(stages)]
+    assert [w.predictor.h for w in workers.values()] == [0.5] * (stages - 1) + [0.0]  # the last stage has no delay
     plain = make_trainer(tmp_path / "plain", max_steps=4)
     plain.train()
     changed = [name for name, value in plain.model.state_dict().items()

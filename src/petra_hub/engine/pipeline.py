@@ -68,8 +68,8 @@ class Pipeline(Readings):
             error of the input it rebuilds against a copy of the one it received (`counters()`); None: off.
         compile_options: compile this rank's stages with `torch.compile(**compile_options)` (see `compilation`).
         trace: record every operation with timestamps (`trace_events()`, see `trace`).
-        weight_prediction: h > 0 runs each forward at the stage's weights extrapolated h times its delay along its
-            last update (see `prediction`); 0 (default): off.
+        weight_prediction: h > 0 runs each forward at the stage's weights extrapolated along its last update over h
+            times the updates before the matching backward (see `prediction`); 0 (default): off.
 
     Every rank calls `step` with the same micro-batches in the same order (rank 0 uses the inputs, the rank of
     the last stage uses the targets), and `end_group` and `drain` at the same points. An exception inside an

@@ -1,11 +1,12 @@
 """Weight prediction: a stage runs each forward at an extrapolation of its weights to the time of the matching
 backward (SpecTrain, Chen et al. 2018; PipeMare's discrepancy correction, Yang et al. 2021).
 
-In a pipelined mode stage j runs the backward of a micro-batch 2(J-1-j) ticks after its forward, i.e. after
-d_j = 2(J-1-j)/k more updates of its own. PETRA's backward uses the weights of that later time (to rebuild the input
+In a pipelined mode stage j runs the backward of a micro-batch after those of the micro-batches already in flight
+there: d = (micro-batches in flight) / k more updates of its own, 2(J-1-j)/k in steady state, fewer while the
+pipeline fills after a start or a drain. PETRA's backward uses the weights of that later time (to rebuild the input
 and for the Jacobians) while the forward ran with the older ones. With `weight_prediction=h` the forward runs at
 
-    theta_hat = theta + h * d_j * delta,    delta = theta after its last update - theta before it,
+    theta_hat = theta + h * d * delta,    delta = theta after its last update - theta before it,
 
 so the activations sent up (and, for reversible stages, the input rebuilt later from them) come from weights close
 to those of the backward: the gradient approaches the end-to-end gradient at the backward's weights. h = 1
@@ -21,24 +22,25 @@ from torch import nn
 
 
 class WeightPredictor:
-    """One stage's extrapolation over `horizon` = h * d_j of its own updates (0: off)."""
+    """One stage's extrapolation over h times the updates ahead of each forward (h = 0: off)."""
 
-    def __init__(self, horizon: float = 0.0):
-        if horizon < 0:
-            raise ValueError(f"weight_prediction must be >= 0 (0: off), got a horizon of {horizon} updates")
-        self.horizon = horizon
+    def __init__(self, h: float = 0.0):
+        if h < 0:
+            raise ValueError(f"weight_prediction must be >= 0 (0: off), got {h}")
+        self.h = h
         self.delta: list[torch.Tensor] | None = None
         self._before: list[torch.Tensor] | None = None
 
     @property
     def active(self) -> bool:
-        return self.horizon > 0
+        return self.h > 0
 
-    def predicted(self, params: list[nn.Parameter]) -> list[torch.Tensor] | None:
-        """The weights for a forward now, None where nothing is predicted (off, or before the first update)."""
-        if not self.active or self.delta is None:
+    def predicted(self, params: list[nn.Parameter], updates_ahead: float) -> list[torch.Tensor] | None:
+        """The weights for a forward whose backward comes `updates_ahead` updates from now; None where nothing is
+        predicted (off, nothing ahead, or before the first update)."""
+        if not self.active or self.delta is None or updates_ahead <= 0:
             return None
-        return [p.detach() + self.horizon * d for p, d in zip(params, self.delta)]
+        return [p.detach() + self.h * updates_ahead * d for p, d in zip(params, self.delta)]
 
     def before_update(self, params: list[nn.Parameter]) -> None:
         if self.active:

@@ -79,8 +79,7 @@ class StageWorker:
         self.params = [p for p in stage.parameters() if p.requires_grad]
         self.units = units(stage) if self.reconstructs else [stage]
         self.counters = StageCounters()
-        updates_in_flight = 2 * (num_stages - 1 - index) / accumulation_steps if mode.pipelined else 0.0
-        self.predictor = WeightPredictor(weight_prediction * updates_in_flight)
+        self.predictor = WeightPredictor(0.0 if self.is_last or not mode.pipelined else weight_prediction)
         self.group: list[int] = []  # micro-batches whose gradients are accumulated and not yet applied
         self._pending: dict[int, Pending] = {}
         self.probes: dict[int, StageProbe] = {}  # probed micro-batches (see `fidelity`)
@@ -92,7 +91,8 @@ class StageWorker:
     def forward(self, micro_batch: int, inputs: Activation) -> Activation:
         """Run the stage on `inputs` without a graph (with its graph in `backprop` mode), at the predicted weights
         with weight prediction; keep what the backward will need."""
-        with stashed_weights(self.params, self.predictor.predicted(self.params)):
+        updates_ahead = len(self._pending) / self.accumulation_steps  # their backwards come first
+        with stashed_weights(self.params, self.predictor.predicted(self.params, updates_ahead)):
             return self._forward(micro_batch, inputs)
 
     def _forward(self, micro_batch: int, inputs: Activation) -> Activation:

@@ -18,7 +18,8 @@ def plot_timeline(events: list[Event], path: str | Path, title: str = "PETRA sch
     origin = min(e.start for e in events)
     rows = sorted({(e.rank, e.stage) for e in events}, key=lambda row: (row[0], row[1] == EXCHANGE, row[1]))
     index = {row: i for i, row in enumerate(rows)}
-    figure, axes = plt.subplots(figsize=(12, 0.45 * len(rows) + 1.5))
+    height = 0.45 * len(rows) + 1.8
+    figure, axes = plt.subplots(figsize=(12, height))
     for kind, colour in COLOURS.items():
         chosen = [e for e in events if e.kind == kind]
         for event in chosen:
@@ -31,5 +32,5 @@ def plot_timeline(events: list[Event], path: str | Path, title: str = "PETRA sch
     axes.invert_yaxis()
     axes.set_xlabel("milliseconds")
     axes.set_title(title)
-    axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=len(COLOURS), frameon=False)
-    return save(figure, path)
+    figure.legend(loc="lower center", ncol=len(COLOURS), frameon=False)
+    return save(figure, path, rect=(0, 0.35 / height, 1, 1))
