@@ -3,6 +3,7 @@
 timelines.
 
     python benchmarks/timeline.py            # docs/images/timeline-*.png + benchmarks/results/timeline.json (1 min)
+                                             # (timeline-comparison.png: PETRA, naive MP, 1F1B on one time scale)
     python benchmarks/timeline.py --quick    # tiny model: timeline-quick.json and PNGs in a temporary folder
 
 Each method trains its own copy of the same RevNet18 (recipe width, micro-batch 32) for a few micro-batches after
@@ -125,7 +126,7 @@ def busy_fraction(events: list[dict]) -> dict[int, float]:
 
 def main(argv=None) -> dict:
     from petra_hub.engine.trace import Event
-    from petra_hub.plots import plot_timeline
+    from petra_hub.plots import plot_timeline, plot_timelines
 
     settings = parse_args(argv)
     progress(f"2 processes, RevNet18 width {settings.width}, micro-batch {settings.batch}, "
@@ -133,9 +134,11 @@ def main(argv=None) -> dict:
     traced = launch(job, 2, settings, env=STABLE_MALLOC_ENV)[0]
     images = settings.images or (Path(tempfile.mkdtemp(prefix="petra-timeline-")) if settings.quick else IMAGES)
     out = results_path(settings.out, "timeline", settings.quick)
-    summary = {}
+    summary, panels = {}, {}
     for mode, title in METHODS.items():
         events = [Event(**e) for e in traced[mode]]
+        if mode != "reversible_backprop":
+            panels[title] = events
         png = plot_timeline(events, images / f"timeline-{mode}.png",
                             title=f"{title}: {settings.micro_batches} micro-batches on 2 processes")
         traces = images if settings.quick else out.parent  # quick runs leave nothing in benchmarks/results
@@ -143,6 +146,8 @@ def main(argv=None) -> dict:
         busy = busy_fraction(traced[mode])
         summary[mode] = {"busy_fraction": busy, "png": str(png), "chrome_trace": str(chrome)}
         progress(f"{mode}: busy fraction per rank {', '.join(f'{b:.2f}' for b in busy.values())}; {png}")
+    comparison = plot_timelines(panels, images / "timeline-comparison.png")
+    progress(f"side by side: {comparison}")
     return write_results(out, "timeline", "timeline.py", argv,
                          {k: str(v) for k, v in vars(settings).items()}, summary=summary)
 

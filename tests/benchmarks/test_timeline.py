@@ -20,6 +20,7 @@ def test_quick_timelines(tmp_path):
         trace = json.loads(Path(entry["chrome_trace"]).read_text())
         assert {e["pid"] for e in trace["traceEvents"] if e["ph"] == "X"} == {0, 1}
         assert all(0 < busy <= 1 for busy in entry["busy_fraction"].values())
+    assert (tmp_path / "timeline-comparison.png").read_bytes()[:4] == b"\x89PNG"
     # PETRA keeps rank 0 busier than naive model parallelism does (its stages never wait for a full round trip)
     petra, naive = (result["summary"][m]["busy_fraction"]["0"] for m in ("petra", "backprop"))
     assert petra > naive
