@@ -146,22 +146,26 @@ def recipe_argv(
     ]  # fmt: skip
 
 
+def run_recipe(run, argv: list[str], verbose: bool = False):
+    """The recipe's `run(argv)` -> (trainer, metrics). The Trainer prints its log dicts (PrinterCallback) and the save
+    its progress bar: kept, and shown only on failure (or always with `verbose`)."""
+    if verbose:
+        return run(argv)
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
+            return run(argv)
+    except BaseException:
+        sys.stderr.write(captured.getvalue())
+        raise
+
+
 def one_run(run, mode: str, k: int, seed: int, epochs: float, workdir: str, verbose: bool = False,
             num_stages: int | None = None, precision: str = "fp32", remedy: str = "none") -> dict:
     output_dir = tempfile.mkdtemp(prefix=f"{mode}-k{k}-s{seed}-", dir=workdir)
     argv = recipe_argv(mode, k, seed, epochs, output_dir, num_stages, precision, remedy)
     start = time.perf_counter()
-    if verbose:
-        trainer, metrics = run(argv)
-    else:
-        # The Trainer prints its log dicts (PrinterCallback) and the save its progress bar: kept, shown on failure.
-        captured = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
-                trainer, metrics = run(argv)
-        except BaseException:
-            sys.stderr.write(captured.getvalue())
-            raise
+    trainer, metrics = run_recipe(run, argv, verbose)
     wall = time.perf_counter() - start
     history = [entry for entry in trainer.state.log_history if "train_loss" in entry]
     return {

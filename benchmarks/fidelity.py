@@ -18,8 +18,6 @@ docs/images/fidelity-by-stage.png; the table: `python benchmarks/report.py`.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
 import runpy
 import sys
@@ -36,7 +34,7 @@ if str(HERE) not in sys.path:
 
 import torch  # noqa: E402
 
-from accuracy_digits import RECIPE, REMEDIES, recipe_argv  # noqa: E402
+from accuracy_digits import RECIPE, REMEDIES, recipe_argv, run_recipe  # noqa: E402
 from common import add_out_argument, load_average, progress, results_path, write_results  # noqa: E402
 from petra_hub.training import GradientFidelityCallback  # noqa: E402
 
@@ -64,14 +62,8 @@ def one_run(run, mode: str, seed: int, epochs: float, every: int, workdir: str, 
     output_dir = tempfile.mkdtemp(prefix=f"fidelity-s{seed}-", dir=workdir)
     argv = recipe_argv(mode, 1, seed, epochs, output_dir, remedy=remedy)
     argv += ["--petra_gradient_fidelity_steps", str(every)]
-    captured = io.StringIO()
     start = time.perf_counter()
-    try:
-        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
-            trainer, metrics = run(argv)
-    except BaseException:
-        sys.stderr.write(captured.getvalue())
-        raise
+    trainer, metrics = run_recipe(run, argv)
     (callback,) = [c for c in trainer.callback_handler.callbacks if isinstance(c, GradientFidelityCallback)]
     columns = list(callback.history[0]) if callback.history else []
     return {"seed": seed, "test_accuracy": metrics["eval_accuracy"], "optimizer_steps": trainer.state.global_step,
