@@ -62,6 +62,8 @@ CASES = [
     pytest.param(2, "petra", 2, None, id="2ranks-petra-k2"),
     pytest.param(3, "petra", 1, [2, 5, 3], id="3ranks-petra-grouped"),
     pytest.param(2, "delayed", 3, [6, 4], id="2ranks-delayed-k3"),
+    pytest.param(5, "petra", 1, [2, 2, 2, 2, 2], id="5ranks-petra"),
+    pytest.param(10, "petra", 2, [1] * 10, id="10ranks-petra-k2-one-stage-each"),
 ]
 
 
