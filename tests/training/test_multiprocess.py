@@ -75,3 +75,22 @@ def test_a_run_killed_after_a_checkpoint_resumes_on_two_processes_exactly(tmp_pa
     expected = full[0]["value"]
     for result in resumed:
         assert all(torch.equal(result["value"][name], expected[name]) for name in expected)
+
+
+def _train_auto_partition(rank, world_size, folder):
+    as_launched(rank, world_size)
+    trainer = make_trainer(folder, max_steps=4, petra_partition="auto")
+    trainer.train()
+    return [len(g) for g in trainer.pipeline.placement.groups], checksum(trainer.model)
+
+
+def test_auto_partition_measures_once_and_trains_the_same_model(tmp_path):
+    """petra_partition="auto": rank 0 measures the stages on a micro-batch of the first items and every rank uses
+    its split; results do not depend on the split, so the model is the one process's."""
+    results, codes, _ = run_ranks(_train_auto_partition, 2, str(tmp_path / "two"), deadline=240)
+    assert codes == [0, 0], [r and r.get("traceback") for r in results]
+    (sizes, model), (other_sizes, other_model) = (r["value"] for r in results)
+    assert sizes == other_sizes and sum(sizes) == 10 and len(sizes) == 2
+    single = make_trainer(tmp_path / "one", max_steps=4)
+    single.train()
+    assert model == other_model == checksum(single.model)

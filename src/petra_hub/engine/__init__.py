@@ -17,6 +17,7 @@ from .precision import Precision
 from .compilation import compile_stage
 from .fidelity import StageFidelity
 from .placement import Placement, replica_of
+from .profiling import StageCost, profile_stages
 from .schedule import Schedule
 from .worker import StageWorker
 
@@ -29,6 +30,7 @@ __all__ = [
     "Placement",
     "Precision",
     "Schedule",
+    "StageCost",
     "StageCounters",
     "StageFidelity",
     "StageMismatchError",
@@ -38,5 +40,6 @@ __all__ = [
     "merge_stages",
     "stage_layout",
     "paper_sgd",
+    "profile_stages",
     "replica_of",
 ]

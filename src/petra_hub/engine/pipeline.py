@@ -10,6 +10,7 @@ one-process simulator.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,6 +27,7 @@ from .modes import Mode
 from .inference import evaluating, forward_local
 from .readings import Readings
 from .placement import Placement, Replicas, split_replicas
+from .profiling import auto_partition
 from .precision import Precision
 from .protocol import DRAIN, GATHER, INFER, PROBE, STEP, Moment
 from .routing import Router
@@ -53,16 +55,17 @@ class Pipeline(Readings):
         optimizer_factory: `(stage_index, stage) -> optimizer` (or None: gradients are computed, never applied).
         scheduler_factory: `(stage_index, optimizer) -> LR scheduler`, stepped after every update.
         on_update: `(stage_index, micro_batches, stage)` called with the averaged gradients in `.grad`, just
-            before the optimizer step (tests and gradient-fidelity benchmarks read gradients here).
+            before the optimizer step.
         distributed: run over the default (or given) process group; defaults to "a group of size > 1 exists".
         group: the process group of the pipeline ranks (default: all ranks).
-        partition: number of stages per rank (contiguous); defaults to an even split.
+        partition: number of stages per rank (contiguous); defaults to an even split. "auto": rank 0 measures the
+            stages on `profile_batch` = (inputs, targets) and picks the fastest split (`profiling`, `Placement.auto`).
         data_parallel_size: D pipeline replicas over W = P x D ranks (replica d = ranks d*P .. d*P+P-1); each is
             fed its own micro-batches and the D copies of a stage average their gradients before every update.
         device: where this rank's stages and tensors live (default: where they are).
         timeout: seconds to wait for a neighbour before raising `PeerFailureError`.
-        max_grad_norm: clip each stage's averaged gradient to this norm before its update (None or 0: no
-            clipping). Stages update at different ticks, so each clips its own gradient: there is no global norm.
+        max_grad_norm: clip each stage's averaged gradient to this norm before its update (None or 0: off); each
+            stage clips its own: stages update at different ticks, so there is no global norm.
         precision: a `Precision` or "bf16" / "fp16" (see `petra_hub.engine.precision`); default: stages' own dtype.
         check_reconstruction_every: every this many micro-batches, each reconstructing stage measures the relative
             error of the input it rebuilds against a copy of the one it received (`counters()`); None: off.
@@ -89,7 +92,8 @@ class Pipeline(Readings):
         on_update: UpdateHook | None = None,
         distributed: bool | None = None,
         group: dist.ProcessGroup | None = None,
-        partition: list[int] | None = None,
+        partition: list[int] | str | None = None,
+        profile_batch: tuple | None = None,
         data_parallel_size: int = 1,
         device: torch.device | str | None = None,
         timeout: float = 120.0,
@@ -135,24 +139,22 @@ class Pipeline(Readings):
         self.group = group
         world = dist.get_world_size(group) if distributed else 1
         self.rank = dist.get_rank(group) if distributed else 0
-        self.placement = Placement.from_sizes(partition) if partition else Placement.balanced(len(self.stages), world)
-        if self.placement.num_stages != len(self.stages) or len(self.placement.groups) != world:
-            raise ValueError(
-                f"partition {partition} must give every one of the {world} ranks a group, "
-                f"covering all {len(self.stages)} stages"
-            )
+        if partition == "auto":
+            partition = auto_partition(self.stages, loss_fn, profile_batch, world, self.mode, group, distributed,
+                                       device=device, precision=self.precision)
+        self.placement = Placement.for_pipeline(partition, len(self.stages), world)
         self.local = self.placement.groups[self.rank]
         self._global_ranks: list[int] | None = None
-        transport = None
+        self.transport = None
         if distributed:
             self._global_ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
-            transport = NeighbourTransport(
-                self._global_ranks, group, timeout, self.placement.describe, self.device or torch.device("cpu")
-            )
-        self.transport = transport
+            self.transport = NeighbourTransport(
+                self._global_ranks, group, timeout, self.placement.describe, self.device or torch.device("cpu"))
 
         self.trace = Trace(dist.get_rank() if distributed else 0) if trace else None
         self.workers: dict[int, StageWorker] = {}
+        reduce = None if self.replicas is None else functools.partial(  # replicas average gradients before updates
+            average_gradients, group=self.replicas.peer_group, size=data_parallel_size)
         for index in self.local:
             stage = self.stages[index]
             if self.device is not None:
@@ -170,7 +172,7 @@ class Pipeline(Readings):
                 optimizer=optimizer,
                 scheduler=scheduler,
                 on_update=on_update,
-                reduce_gradients=self._average_gradients if self.replicas is not None else None,
+                reduce_gradients=reduce,
                 max_grad_norm=max_grad_norm,
                 precision=self.precision,
                 check_reconstruction_every=check_reconstruction_every,
@@ -179,7 +181,7 @@ class Pipeline(Readings):
             )
         reconstructs = [self.mode.reconstructs and bool(getattr(s, "reversible", False)) for s in self.stages]
         self.router = Router(
-            self.rank, self.local, len(self.stages), reconstructs, self.schedule, transport, self.precision.messages
+            self.rank, self.local, len(self.stages), reconstructs, self.schedule, self.transport, self.precision.messages
         )
 
         self.tick = 0  # ticks run so far
@@ -388,11 +390,7 @@ class Pipeline(Readings):
                 self._input_spec = spec
             yield
 
-    # -- replicas -------------------------------------------------------------------------------------------------------
     def _settings(self) -> tuple:
         """What every rank of the pipeline must agree on."""
         return (self.num_stages, self.mode.value, self.accumulation_steps, [len(g) for g in self.placement.groups],
                 self.precision.describe(), self.weight_prediction)
-
-    def _average_gradients(self, params: list[nn.Parameter]) -> None:
-        average_gradients(params, self.replicas.peer_group, self.data_parallel_size)

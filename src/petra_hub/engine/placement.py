@@ -25,6 +25,53 @@ class Placement:
         return cls.from_sizes([base + (r < extra) for r in range(num_ranks)])
 
     @classmethod
+    def for_pipeline(cls, sizes: list[int] | None, num_stages: int, num_ranks: int) -> "Placement":
+        """`sizes` stages per rank (None: an even split), checked to cover `num_stages` stages over `num_ranks`."""
+        placement = cls.from_sizes(sizes) if sizes else cls.balanced(num_stages, num_ranks)
+        if placement.num_stages != num_stages or len(placement.groups) != num_ranks:
+            raise ValueError(
+                f"partition {sizes} must give every one of the {num_ranks} ranks a group, covering all {num_stages} "
+                "stages"
+            )
+        return placement
+
+    @classmethod
+    def auto(cls, costs: list, num_ranks: int, memory_limit: int | None = None, link_bandwidth: float | None = None,
+             latency: float = 0.0) -> "Placement":
+        """The contiguous partition of the stages whose slowest rank is fastest, from measured `costs`
+        (`profile_stages`): a rank's time per micro-batch is the compute of its stages plus, with `link_bandwidth`
+        (bytes/s), sending its boundary messages (plus `latency` seconds each). Dynamic programming over the prefixes;
+        with `memory_limit` (bytes per rank) only groups whose stages hold at most that much are allowed."""
+        count = len(costs)
+        cls.balanced(count, num_ranks)  # the same errors for impossible counts
+
+        def rank_time(start: int, stop: int) -> float:
+            time = sum(c.compute_s for c in costs[start:stop])
+            if link_bandwidth:
+                for sent in (costs[stop - 1].forward_bytes if stop < count else 0,
+                             costs[start].backward_bytes if start > 0 else 0):
+                    time += sent / link_bandwidth + latency if sent else 0.0
+            return time
+
+        def fits(start: int, stop: int) -> bool:
+            return memory_limit is None or sum(c.held_bytes for c in costs[start:stop]) <= memory_limit
+
+        # best[w][j]: (bottleneck, sizes) of the best split of the first j stages over w ranks
+        best = [{0: (0.0, [])}] + [{} for _ in range(num_ranks)]
+        for ranks in range(1, num_ranks + 1):
+            for stop in range(ranks, count - (num_ranks - ranks) + 1):
+                options = [
+                    (max(best[ranks - 1][start][0], rank_time(start, stop)), best[ranks - 1][start][1] + [stop - start])
+                    for start in range(ranks - 1, stop) if start in best[ranks - 1] and fits(start, stop)
+                ]
+                if options:
+                    best[ranks][stop] = min(options, key=lambda option: option[0])
+        if count not in best[num_ranks]:
+            raise ValueError(f"no split of {count} stages over {num_ranks} ranks keeps every rank within "
+                             f"memory_limit={memory_limit} bytes")
+        return cls.from_sizes(best[num_ranks][count][1])
+
+    @classmethod
     def from_sizes(cls, sizes: list[int]) -> "Placement":
         if not sizes or any(size < 1 for size in sizes):
             raise ValueError(f"every rank needs at least one stage, got group sizes {sizes}")

@@ -30,7 +30,8 @@ class PetraTrainingArguments(TrainingArguments):
         default=None, metadata={"help": "Pipeline stages J; default: the model's own stages (one per block)."}
     )
     petra_partition: str | None = field(
-        default=None, metadata={"help": "Stages per process, e.g. '5,5'; default: an even split."}
+        default=None, metadata={"help": "Stages per process, e.g. '5,5'; 'auto': the fastest split, measured on the "
+                                        "first micro-batch; default: an even split."}
     )
     petra_scale_lr: bool = field(
         default=False, metadata={"help": "Paper scaling: lr = learning_rate * micro_batch * k / 256."}
@@ -122,14 +123,14 @@ class PetraTrainingArguments(TrainingArguments):
         init_distributed(self.petra_timeout)
         return TrainingArguments._setup_devices.func(self)
 
-    def partition_sizes(self) -> list[int] | None:
-        if not self.petra_partition:
-            return None
+    def partition_sizes(self) -> list[int] | str | None:
+        if not self.petra_partition or self.petra_partition == "auto":
+            return self.petra_partition or None
         try:
             return [int(part) for part in str(self.petra_partition).split(",")]
         except ValueError:
             raise ValueError(
-                f"petra_partition must be comma-separated stage counts like '5,5', got {self.petra_partition!r}"
+                f"petra_partition must be 'auto' or comma-separated stage counts like '5,5', got {self.petra_partition!r}"
             ) from None
 
     def milestones(self) -> list[float]:

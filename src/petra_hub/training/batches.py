@@ -33,6 +33,13 @@ def first_items(dataset, count: int = 2) -> list:
     return [dataset[i] for i in range(min(count, len(dataset)))]
 
 
+def repeated_first_batch(collator, dataset, size: int):
+    """(pixel_values, labels) of `size` samples made of the data set's first items repeated: a micro-batch of the
+    right shape to measure the stages on (`petra_partition="auto"`), reading no more than `check_first_batch`."""
+    items = first_items(dataset)
+    return split_batch(collator((items * size)[:size]))
+
+
 def check_first_batch(model, collator, dataset, what: str = "train_dataset") -> None:
     """Fail before any work if the collated batch does not fit the model (keys, image shape, channels, labels)."""
     items = first_items(dataset)

@@ -294,7 +294,9 @@ TRAINING_ARGUMENT_SUPPORT: dict[str, FieldSupport] = {
         "training method: petra, or a baseline (" + ", ".join(m.value for m in Mode if m.value != "petra") + ")"
     ),
     "petra_num_stages": _honoured("pipeline stages J (default: the model's own stages, one per block)"),
-    "petra_partition": _honoured("stages per process, e.g. '5,5' (default: an even split)"),
+    "petra_partition": _honoured(
+        "stages per process, e.g. '5,5', or 'auto' (the fastest split, stages measured on the first micro-batch)"
+    ),
     "petra_scale_lr": _honoured("the paper's scaling: lr = learning_rate x micro_batch x k / 256"),
     "petra_lr_milestones": _honoured(
         "epochs at which the LR is multiplied by petra_lr_gamma, after warm-up (replaces lr_scheduler_type)"

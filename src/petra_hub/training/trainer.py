@@ -28,6 +28,7 @@ from transformers.trainer_utils import PredictionOutput, TrainOutput, get_last_c
 from ..engine import Pipeline, merge_stages, replica_of
 from .arguments import PetraTrainingArguments
 from .batches import check_all_labels, check_first_batch, dataset_label, epoch_batches, make_loader, plan_steps, split_batch
+from .batches import repeated_first_batch
 from .card import write_run_card
 from .checkpoint import PetraState, load_best_model, load_stage_states, validate_checkpoint, write_checkpoint
 from .distributed import broadcast_module, raise_on_every_rank, world_size
@@ -70,6 +71,7 @@ class PetraTrainer(Trainer):
         self._model_synced = True  # every rank's `self.model` holds every stage's current weights
         self._last_eval_metrics: dict | None = None
         self._lock = RunLock(args.output_dir)
+        self._profile_batch = None  # with petra_partition="auto": the micro-batch the stages are measured on
 
     def _make_stages(self) -> list:
         model_stages = self.model.get_stages()
@@ -131,7 +133,8 @@ class PetraTrainer(Trainer):
             accumulation_steps=args.gradient_accumulation_steps if training else 1,
             optimizer_factory=optimizer_factory(args, self.model) if training else None,
             scheduler_factory=schedules,
-            partition=args.partition_sizes(),
+            partition=args.partition_sizes() if training or args.petra_partition != "auto" else None,
+            profile_batch=self._profile_batch if training else None,
             data_parallel_size=args.petra_data_parallel,
             device=args.device,
             timeout=args.petra_timeout,
@@ -157,6 +160,8 @@ class PetraTrainer(Trainer):
         self.stages = self._make_stages()  # model_init may have built a new model
         loader = self.get_train_dataloader()
         check_first_batch(self.model, self.data_collator, loader.dataset)
+        if args.petra_partition == "auto":
+            self._profile_batch = repeated_first_batch(self.data_collator, loader.dataset, args.per_device_train_batch_size)
         check_all_labels(self.train_dataset, getattr(self.model.config, "num_labels", None))
         per_epoch, steps_per_epoch, max_steps = plan_steps(loader, args)
 

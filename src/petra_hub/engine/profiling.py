@@ -1,0 +1,116 @@
+"""What each stage costs, measured: the input of `Placement.auto` (and of any estimate of a partition's speed).
+
+`profile_stages` runs copies of the stages in one process through the real schedule of the chosen mode (so a
+reversible stage's backward is its fused reconstruction and backward under PETRA, a buffered stage's is its
+recomputation and backward), traced, on one sample micro-batch fed again and again with frozen weights (an SGD step
+of learning rate 0, so that updates cost what they cost without moving the weights). After the pipeline has filled
+and `warmup` more micro-batches, it takes the median of `repeats` timings of each stage's forward, backward and
+update, the bytes of its messages from the handshake's shapes, and the bytes it held at its peak.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .accounting import nbytes
+from .messages import message_bytes
+from .modes import Mode
+from .tensors import Activation, as_tuple
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """One stage's measured cost per micro-batch (seconds are medians of wall time)."""
+
+    forward_s: float  # the last stage's forward, loss and backward run as one operation: counted in backward_s
+    backward_s: float
+    update_s: float
+    forward_bytes: int  # what it sends to the next stage per micro-batch (0 for the last)
+    backward_bytes: int  # what it sends back to the previous stage (gradient, and its input when that one rebuilds)
+    held_bytes: int  # peak bytes held for pending backwards and gradients, plus its parameters
+
+    @property
+    def compute_s(self) -> float:
+        return self.forward_s + self.backward_s + self.update_s
+
+
+def profile_stages(
+    stages: list[nn.Module],
+    sample_batch: tuple[Activation, object],
+    loss_fn: Callable = torch.nn.functional.cross_entropy,
+    *,
+    mode: Mode | str = Mode.PETRA,
+    repeats: int = 5,
+    warmup: int = 2,
+    **options,
+) -> list[StageCost]:
+    """Measure every stage on `sample_batch` = (inputs, targets) in one process (the stages themselves are not
+    touched: copies run). `options` go to the `Pipeline` (e.g. `precision`, `device`)."""
+    from .pipeline import Pipeline
+
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"profile_stages needs repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    copies = [copy.deepcopy(stage) for stage in stages]
+    pipeline = Pipeline(copies, loss_fn, mode=mode, distributed=False, trace=True,
+                        optimizer_factory=lambda index, stage: torch.optim.SGD(stage.parameters(), lr=0.0), **options)
+    inputs, targets = sample_batch
+    fill = pipeline.schedule.latency if pipeline.mode.pipelined else 1
+    first_timed = fill + warmup
+    for _ in range(first_timed + repeats):
+        pipeline.step(inputs, targets)
+    pipeline.drain()
+    events = pipeline.trace_events()
+    batch = as_tuple(inputs)[0].shape[0]
+    router, memory = pipeline.router, pipeline.memory()
+    costs = []
+    for index, stage in enumerate(copies):
+        mine = [e for e in events if e.stage == index]
+
+        def median(kinds, first=first_timed):
+            timed = [e.end - e.start for e in mine if e.kind in kinds and (e.micro_batch is None or e.micro_batch >= first)]
+            return statistics.median(timed[-repeats:]) if timed else 0.0
+
+        last = index == len(copies) - 1
+        costs.append(StageCost(
+            forward_s=0.0 if last else median(("forward",)),
+            backward_s=median(("backward", "forward+backward")),
+            update_s=median(("update",)),
+            forward_bytes=0 if last else message_bytes(router.forward_parts(index), batch),
+            backward_bytes=message_bytes(router.backward_parts(index - 1), batch) if index else 0,
+            held_bytes=memory[index].peak_bytes + nbytes(stage.parameters()),
+        ))
+    return costs
+
+
+def auto_partition(stages: list[nn.Module], loss_fn: Callable, sample_batch, num_ranks: int, mode: Mode | str,
+                   group=None, distributed: bool = False, **options) -> list[int]:
+    """`Placement.auto` from `profile_stages` on pipeline rank 0, the sizes broadcast so that every rank agrees (a
+    collective when distributed; an error on rank 0 is raised on every rank)."""
+    import torch.distributed as dist
+
+    from .placement import Placement
+
+    if sample_batch is None:
+        raise ValueError("partition='auto' needs profile_batch=(inputs, targets): a micro-batch to measure the stages on")
+    outcome = None
+    if not distributed or dist.get_rank(group) == 0:
+        try:
+            costs = profile_stages(stages, sample_batch, loss_fn, mode=mode, **options)
+            outcome = ("sizes", [len(g) for g in Placement.auto(costs, num_ranks).groups])
+        except Exception as error:  # noqa: BLE001 - every rank must learn of it, or the others would wait forever
+            if not distributed:
+                raise
+            outcome = ("error", f"{type(error).__name__}: {error}")
+    if distributed:
+        box = [outcome]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+        outcome = box[0]
+    if outcome[0] == "error":
+        raise RuntimeError(f"partition='auto': profiling the stages on pipeline rank 0 failed: {outcome[1]}")
+    return outcome[1]

@@ -1,0 +1,114 @@
+"""Measured stage costs and the partition chosen from them: `Placement.auto` against a brute force over every
+contiguous split, and `partition="auto"` agreeing across processes."""
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from petra_hub.engine import Pipeline, Placement, StageCost, profile_stages
+from petra_hub.testing.models import random_images, small_model
+from petra_hub.testing.ranks import run_ranks
+
+
+def sample(model, batch=8, dtype=torch.float64):
+    images = random_images(model.config, batch=batch, dtype=dtype)
+    return images, torch.randint(0, model.config.num_labels, (batch,), generator=torch.Generator().manual_seed(0))
+
+
+def test_profile_measures_every_stage_without_touching_it():
+    model = small_model("revnet18", seed=1)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    images, labels = sample(model)
+    petra = profile_stages(model.get_stages(), (images, labels), repeats=3)
+    delayed = profile_stages(model.get_stages(), (images, labels), mode="delayed", repeats=3)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+    stages = model.get_stages()
+    assert len(petra) == len(stages) and all(c.backward_s > 0 and c.update_s > 0 for c in petra)
+    assert all(c.forward_s > 0 for c in petra[:-1]) and petra[-1].forward_s == 0  # the head's fused op: backward_s
+    with torch.no_grad():
+        value = images
+        for index, stage in enumerate(stages[:-1]):
+            value = stage(value)
+            size = sum(t.numel() * t.element_size() for t in (value if isinstance(value, tuple) else (value,)))
+            assert petra[index].forward_bytes == size
+            returned = size if getattr(stages[index], "reversible", False) else 0  # its input comes back to it
+            assert petra[index + 1].backward_bytes == size + returned
+    params = [sum(p.numel() * p.element_size() for p in stage.parameters()) for stage in stages]
+    for index, stage in enumerate(stages):
+        if getattr(stage, "reversible", False):  # PETRA holds weights and gradients only; delayed holds more
+            assert petra[index].held_bytes == 2 * params[index]
+            assert delayed[index].held_bytes > petra[index].held_bytes
+
+
+def brute_force(costs, ranks, memory_limit=None, bandwidth=None):
+    best = None
+    for cuts in itertools.combinations(range(1, len(costs)), ranks - 1):
+        bounds = [0, *cuts, len(costs)]
+        times, fits = [], True
+        for start, stop in zip(bounds, bounds[1:]):
+            time = sum(c.compute_s for c in costs[start:stop])
+            if bandwidth:
+                time += (costs[stop - 1].forward_bytes if stop < len(costs) else 0) / bandwidth
+                time += (costs[start].backward_bytes if start else 0) / bandwidth
+            times.append(time)
+            fits &= memory_limit is None or sum(c.held_bytes for c in costs[start:stop]) <= memory_limit
+        if fits and (best is None or max(times) < best):
+            best = max(times)
+    return best
+
+
+def bottleneck(placement, costs, bandwidth=None):
+    """The slowest rank's time per micro-batch under `placement` (the same model as brute_force)."""
+    times = []
+    for group in placement.groups:
+        time = sum(costs[i].compute_s for i in group)
+        if bandwidth:
+            time += (costs[group.stop - 1].forward_bytes if group.stop < len(costs) else 0) / bandwidth
+            time += (costs[group.start].backward_bytes if group.start else 0) / bandwidth
+        times.append(time)
+    return max(times)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_auto_partition_is_the_best_contiguous_split(seed):
+    generator = torch.Generator().manual_seed(seed)
+    count = 9
+    costs = [StageCost(*torch.rand(3, generator=generator).tolist(),
+                       *torch.randint(1, 10**6, (3,), generator=generator).tolist()) for _ in range(count)]
+    for ranks in (2, 3, 4):
+        assert bottleneck(Placement.auto(costs, ranks), costs) == pytest.approx(brute_force(costs, ranks))
+        slow_link = Placement.auto(costs, ranks, link_bandwidth=1e6)
+        assert bottleneck(slow_link, costs, 1e6) == pytest.approx(brute_force(costs, ranks, bandwidth=1e6))
+        limit = int(1.3 * sum(c.held_bytes for c in costs) / ranks)
+        if brute_force(costs, ranks, memory_limit=limit) is None:
+            with pytest.raises(ValueError, match="memory_limit"):
+                Placement.auto(costs, ranks, memory_limit=limit)
+            continue
+        with_limit = Placement.auto(costs, ranks, memory_limit=limit)
+        assert all(sum(costs[i].held_bytes for i in g) <= limit for g in with_limit.groups)
+        assert bottleneck(with_limit, costs) == pytest.approx(brute_force(costs, ranks, memory_limit=limit))
+    with pytest.raises(ValueError, match="memory_limit=10 bytes"):
+        Placement.auto(costs, 3, memory_limit=10)
+
+
+def _auto_on_ranks(rank, world_size):
+    model = small_model("revnet18", dtype=torch.float32, seed=2)
+    images, labels = sample(model, dtype=torch.float32)
+    pipeline = Pipeline(model.get_stages(), F.cross_entropy, partition="auto", profile_batch=(images, labels),
+                        optimizer_factory=lambda i, s: torch.optim.SGD(s.parameters(), lr=0.1), timeout=60)
+    for _ in range(6):
+        pipeline.step(images, labels)
+    pipeline.drain()
+    return [len(g) for g in pipeline.placement.groups]
+
+
+def test_partition_auto_agrees_across_processes_and_needs_a_batch(tmp_path):
+    outcome, codes, _ = run_ranks(_auto_on_ranks, 2, out_dir=tmp_path, deadline=150)
+    assert codes == [0, 0], [r and r.get("traceback") for r in outcome]
+    sizes = [r["value"] for r in outcome]
+    assert sizes[0] == sizes[1] and sum(sizes[0]) == 10 and len(sizes[0]) == 2
+    with pytest.raises(ValueError, match="partition='auto' needs profile_batch"):
+        Pipeline(small_model().get_stages(), F.cross_entropy, partition="auto")
