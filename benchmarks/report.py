@@ -470,6 +470,22 @@ def fidelity_summary(r, arg=None):
     return table(header, rows, "r" * len(header))
 
 
+# -- simulator -------------------------------------------------------------------------------------------------------
+def simulator_main(r, arg=None):
+    """Measured against predicted time per micro-batch, per mode and partition, with the automatic partition."""
+    rows = []
+    for row in need(r, "rows"):
+        auto = r.get("auto_partition", {}).get(row["mode"])
+        rows.append([row["mode"], ",".join(map(str, row["partition"])), ms(row["measured_s"]), ms(row["predicted_s"]),
+                     f"{100 * row['error']:+.1f}%", "yes" if auto == row["partition"] else ""])
+    errors = sorted(abs(row["error"]) for row in r["rows"])
+    rows.append(["**all**", "", "", "", f"median {100 * statistics.median(errors):.1f}%, max {100 * errors[-1]:.1f}%",
+                 ""])
+    header = ["mode", "stages per rank", "measured ms / micro-batch", "predicted ms", "error",
+              "Placement.auto's choice"]
+    return table(header, rows, "llrrrl")
+
+
 # -- numerics --------------------------------------------------------------------------------------------------------
 def sci(value: float) -> str:
     return "0" if value == 0 else f"{value:.1e}"
@@ -614,6 +630,7 @@ RENDERERS = {
     },
     "accuracy_digits": {"summary": accuracy_summary, "main": accuracy_main, "table4": accuracy_table4},
     "fidelity": {"main": fidelity_main, "summary": fidelity_summary},
+    "simulator": {"main": simulator_main},
     "messages": {"main": messages_main},
     "compile": {"main": from_benchmark("compile")},
     "gpu": {"main": from_benchmark("gpu")},

@@ -19,6 +19,7 @@ from .fidelity import StageFidelity
 from .placement import Placement, replica_of
 from .profiling import StageCost, profile_stages
 from .schedule import Schedule
+from .simulation import Simulation, simulate
 from .worker import StageWorker
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "Placement",
     "Precision",
     "Schedule",
+    "Simulation",
     "StageCost",
     "StageCounters",
     "StageFidelity",
@@ -42,4 +44,5 @@ __all__ = [
     "paper_sgd",
     "profile_stages",
     "replica_of",
+    "simulate",
 ]

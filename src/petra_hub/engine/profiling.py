@@ -3,15 +3,17 @@
 `profile_stages` runs copies of the stages in one process through the real schedule of the chosen mode (so a
 reversible stage's backward is its fused reconstruction and backward under PETRA, a buffered stage's is its
 recomputation and backward), traced, on one sample micro-batch fed again and again with frozen weights (an SGD step
-of learning rate 0, so that updates cost what they cost without moving the weights). After the pipeline has filled
-and `warmup` more micro-batches, it takes the median of `repeats` timings of each stage's forward, backward and
-update, the bytes of its messages from the handshake's shapes, and the bytes it held at its peak.
+of learning rate 0, so that updates cost what they cost without moving the weights). After 2J-1 micro-batches (what
+fills a pipelined run) and `warmup` more, it takes the median of `repeats` timings of each stage's forward, backward and
+update, the bytes of its messages from the handshake's shapes, the bytes it held at its peak, and its share of the
+engine's own time per tick (the timed window's wall time minus the time inside the operations).
 """
 
 from __future__ import annotations
 
 import copy
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,6 +36,7 @@ class StageCost:
     forward_bytes: int  # what it sends to the next stage per micro-batch (0 for the last)
     backward_bytes: int  # what it sends back to the previous stage (gradient, and its input when that one rebuilds)
     held_bytes: int  # peak bytes held for pending backwards and gradients, plus its parameters
+    overhead_s: float = 0.0  # the engine's own time per tick (routing, bookkeeping), an equal share per stage
 
     @property
     def compute_s(self) -> float:
@@ -60,12 +63,19 @@ def profile_stages(
     pipeline = Pipeline(copies, loss_fn, mode=mode, distributed=False, trace=True,
                         optimizer_factory=lambda index, stage: torch.optim.SGD(stage.parameters(), lr=0.0), **options)
     inputs, targets = sample_batch
-    fill = pipeline.schedule.latency if pipeline.mode.pipelined else 1
-    first_timed = fill + warmup
-    for _ in range(first_timed + repeats):
+    # untimed: as many micro-batches as fill a pipelined run (2J-1), in every mode, so that a fresh process has
+    # warmed up (allocator, first calls) before anything is timed
+    first_timed = pipeline.schedule.latency + warmup
+    for step in range(first_timed + repeats):
+        if step == first_timed:
+            start = time.perf_counter()
         pipeline.step(inputs, targets)
+    window = (start, time.perf_counter())
     pipeline.drain()
     events = pipeline.trace_events()
+    inside = sum(e.end - e.start for e in events if window[0] <= e.start < window[1])
+    ticks = repeats * pipeline.schedule.ticks_per_micro_batch
+    overhead = max(0.0, window[1] - window[0] - inside) / (ticks * len(copies))
     batch = as_tuple(inputs)[0].shape[0]
     router, memory = pipeline.router, pipeline.memory()
     costs = []
@@ -84,6 +94,7 @@ def profile_stages(
             forward_bytes=0 if last else message_bytes(router.forward_parts(index), batch),
             backward_bytes=message_bytes(router.backward_parts(index - 1), batch) if index else 0,
             held_bytes=memory[index].peak_bytes + nbytes(stage.parameters()),
+            overhead_s=overhead,
         ))
     return costs
 

@@ -1,0 +1,156 @@
+#!/usr/bin/env python
+"""The schedule simulator against real 2-process runs: predicted and measured time per micro-batch.
+
+    python benchmarks/simulator.py            # 6 modes x 3 partitions, RevNet18 recipe width (~2 min)
+    python benchmarks/simulator.py --quick    # 2 modes x 1 partition, tiny model: simulator-quick.json
+
+In a gloo group of 2 processes (one thread each): both ranks measure the stages of every mode with `profile_stages`
+at the same time (medians of 5 timings after the pipeline has filled, averaged over the ranks, so that the timings
+see the machine as busy as during the run), both ranks measure the link (bandwidth by a ping-pong, the per-tick
+exchange cost on a pipeline of near-empty stages), and then, for every mode and partition, train for a warm-up and
+time 3 windows of micro-batches (the slower rank's wall time per micro-batch, median over the windows). `simulate`
+predicts the same from the profile and the link; the JSON holds both and the relative error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import replace
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from _launch import SINGLE_THREAD_ENV, STABLE_MALLOC_ENV, launch  # noqa: E402 (imports no torch)
+
+os.environ.update(SINGLE_THREAD_ENV)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from common import add_out_argument, build_model, cross_entropy, feed, make_pipeline, progress  # noqa: E402
+from common import random_batches, results_path, revnet_config, write_results  # noqa: E402
+from petra_hub.engine import Mode, Placement, StageCost, profile_stages, simulate  # noqa: E402
+from petra_hub.testing.models import QUICK_WIDTH, RECIPE_WIDTH  # noqa: E402
+
+PARTITIONS = ([5, 5], [4, 6], [6, 4])
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--modes", nargs="+", default=None, help="default: all six (quick: petra backprop)")
+    parser.add_argument("--micro-batches", type=int, default=None, help="per timed window (default 12; quick 4)")
+    parser.add_argument("--quick", action="store_true")
+    add_out_argument(parser, "simulator")
+    args = parser.parse_args(argv)
+    args.modes = args.modes or (["petra", "backprop"] if args.quick else Mode.names())
+    args.micro_batches = args.micro_batches or (4 if args.quick else 12)
+    args.width = QUICK_WIDTH if args.quick else RECIPE_WIDTH
+    args.batch = 8 if args.quick else 32
+    args.partitions = PARTITIONS[:1] if args.quick else PARTITIONS
+    return args
+
+
+def link(rank: int, repeats: int = 20) -> tuple[float, float]:
+    """(latency s, bandwidth B/s) of the link as the engine uses it. Bandwidth: a ping-pong of 4 MB against 1 kB
+    (medians, halved). Latency: half the time per tick of a 2-stage pipeline of near-empty stages (synchronous, so
+    every tick is one header swap and one payload exchange, with the engine's own Python around them), which is
+    what the simulator charges per tick (2 x latency)."""
+    times = {}
+    for size in (256, 2**20):  # float32 elements
+        message, reply = torch.randn(size), torch.empty(size)
+        samples = []
+        for _ in range(repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            if rank == 0:
+                dist.send(message, 1)
+                dist.recv(reply, 1)
+            else:
+                dist.recv(reply, 0)
+                dist.send(message, 0)
+            samples.append((time.perf_counter() - start) / 2)
+        times[size * 4] = statistics.median(samples)
+    (small, t_small), (large, t_large) = sorted(times.items())
+    bandwidth = (large - small) / max(t_large - t_small, 1e-9)
+    stages = [torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)]
+    pipeline = make_pipeline(stages, "backprop", lr=0.01, timeout=600)
+    inputs, labels = torch.randn(2, 4), torch.tensor([0, 1])
+    feed(pipeline, [(inputs, labels)], 5)
+    samples = []
+    for _ in range(5):
+        dist.barrier()
+        start = time.perf_counter()
+        feed(pipeline, [(inputs, labels)], repeats)
+        samples.append((time.perf_counter() - start) / (repeats * pipeline.schedule.ticks_per_micro_batch))
+    return statistics.median(samples) / 2, bandwidth
+
+
+def profile_on_every_rank(stages, sample, mode: str, world_size: int) -> list[StageCost]:
+    """Every rank profiles the stages at once, so that each timing sees the other process using the machine as it
+    will during the run (the 2 cores share caches and memory bandwidth); the timings are averaged over the ranks."""
+    mine = profile_stages(stages, sample, cross_entropy, mode=mode)
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, mine)
+    timed = ("forward_s", "backward_s", "update_s", "overhead_s")
+    return [replace(cost, **{f: statistics.fmean(getattr(c[i], f) for c in everyone) for f in timed})
+            for i, cost in enumerate(mine)]
+
+
+def job(rank, world_size, settings):
+    torch.manual_seed(0)
+    batches = random_batches(4, settings.batch, 32)
+    config = revnet_config("revnet18", width=settings.width, num_labels=10)
+    latency, bandwidth = link(rank)
+    rows, auto = [], {}
+    for mode in settings.modes:
+        costs = profile_on_every_rank(build_model(config).get_stages(), batches[0], mode, world_size)
+        chosen = Placement.auto(costs, world_size, link_bandwidth=bandwidth, latency=2 * latency)
+        auto[mode] = [len(group) for group in chosen.groups]
+        for partition in settings.partitions:
+            pipeline = make_pipeline(build_model(config).get_stages(), mode, lr=0.01, partition=partition,
+                                     timeout=600)
+            feed(pipeline, batches, pipeline.schedule.latency if pipeline.mode.pipelined else 2)
+            windows = []
+            for _ in range(3):
+                dist.barrier()
+                start = time.perf_counter()
+                feed(pipeline, batches, settings.micro_batches)
+                mine = (time.perf_counter() - start) / settings.micro_batches
+                both = [None] * world_size
+                dist.all_gather_object(both, mine)
+                windows.append(max(both))
+            pipeline.drain()
+            predicted = simulate(mode, costs, Placement.from_sizes(partition), link_bandwidth=bandwidth,
+                                 latency=latency)
+            measured = statistics.median(windows)
+            rows.append({"mode": mode, "partition": partition, "measured_s": measured,
+                         "predicted_s": predicted.time_per_micro_batch,
+                         "error": predicted.time_per_micro_batch / measured - 1,
+                         "predicted_utilisation": list(predicted.utilisation), "windows_s": windows})
+            if rank == 0:
+                progress(f"{mode:20s} {partition}: measured {1e3 * measured:.1f} ms, predicted "
+                         f"{1e3 * predicted.time_per_micro_batch:.1f} ms ({100 * rows[-1]['error']:+.1f}%)")
+    return {"latency_s": latency, "bandwidth_Bps": bandwidth, "rows": rows, "auto_partition": auto}
+
+
+def main(argv=None) -> dict:
+    settings = parse_args(argv)
+    progress(f"2 processes, RevNet18 width {settings.width}, micro-batch {settings.batch}, modes "
+             f"{' '.join(settings.modes)}, partitions {settings.partitions}")
+    result = launch(job, 2, settings, env=STABLE_MALLOC_ENV)[0]
+    errors = [abs(row["error"]) for row in result["rows"]]
+    progress(f"link: latency {1e6 * result['latency_s']:.0f} us, bandwidth {result['bandwidth_Bps'] / 1e9:.2f} GB/s; "
+             f"|error| median {100 * statistics.median(errors):.1f}%, max {100 * max(errors):.1f}%")
+    out = results_path(settings.out, "simulator", settings.quick)
+    return write_results(out, "simulator", "simulator.py", argv, {k: str(v) for k, v in vars(settings).items()},
+                         **result)
+
+
+if __name__ == "__main__":
+    main()

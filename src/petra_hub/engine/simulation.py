@@ -1,0 +1,114 @@
+"""What a schedule would take on given hardware: an event simulation of the engine's tick loop from measured costs.
+
+The engine runs in ticks. In each tick every rank runs, stage by stage, the forward and the backward its stages
+have in that tick (and an update where an accumulation group closes), then swaps messages with both neighbouring
+ranks and cannot start the next tick before what they send it has arrived. `simulate` replays exactly that with the
+costs of `profile_stages`: rank r starts tick t + 1 at
+
+    max(its own end of tick t, each neighbour's end of tick t + the transfer of what that neighbour sends it),
+
+a transfer taking 2 x `latency` (the header both sides swap first, then the payload) + bytes / `link_bandwidth`;
+every stage also spends its measured share of the engine's own time (`StageCost.overhead_s`) in every tick. It returns the time per micro-batch
+in steady state, each rank's utilisation, the bubble fraction, each rank's peak memory (the sum of its stages'
+measured `held_bytes`) and the simulated operations as trace `Event`s, so that a simulated and a recorded run can
+be drawn with the same `plot_timeline`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .modes import Mode
+from .placement import Placement
+from .profiling import StageCost
+from .schedule import Schedule
+from .trace import EXCHANGE, Event
+
+
+@dataclass(frozen=True)
+class Simulation:
+    time_per_micro_batch: float  # seconds, steady state
+    utilisation: tuple[float, ...]  # per rank: busy time / simulated time
+    bubble_fraction: float  # 1 - busy time of all ranks / (ranks x simulated time)
+    peak_memory: tuple[int, ...]  # per rank, bytes
+    events: tuple[Event, ...]
+
+
+def simulate(
+    mode: Mode | str,
+    costs: list[StageCost],
+    placement: Placement,
+    link_bandwidth: float | None = None,
+    latency: float = 0.0,
+    accumulation_steps: int = 1,
+    micro_batches: int | None = None,
+) -> Simulation:
+    """Simulate `micro_batches` (default 4J) micro-batches of `mode` on `placement`, stages costing `costs` (from
+    `profile_stages` in the same mode); `link_bandwidth` in bytes/s (None: free transfers)."""
+    mode = Mode.parse(mode)
+    count = len(costs)
+    if placement.num_stages != count:
+        raise ValueError(f"placement covers {placement.num_stages} stages, costs give {count}")
+    schedule = Schedule(count, mode.pipelined)
+    fed = micro_batches or 4 * count
+    ticks = schedule.backward_tick(fed - 1, 0) + 1
+    ranks = len(placement.groups)
+
+    def transfer(size: int) -> float:
+        return 2 * latency + (size / link_bandwidth if size and link_bandwidth else 0.0)
+
+    ready = [0.0] * ranks
+    busy = [0.0] * ranks
+    backwards = [0] * count
+    entered: dict[int, float] = {}  # micro-batch -> when rank 0 started the tick of its first forward
+    events: list[Event] = []
+    for tick in range(ticks):
+        ends, sent_right, sent_left = [], [0] * ranks, [0] * ranks
+        for rank, group in enumerate(placement.groups):
+            clock = ready[rank]
+            for stage in group:
+                forward = schedule.forward_at(stage, tick, fed)
+                backward = schedule.backward_at(stage, tick, fed)
+                if stage == 0 and forward is not None:
+                    entered[forward] = ready[rank]
+                cost = costs[stage]
+                clock += cost.overhead_s
+                for kind, micro_batch, seconds in (("forward", forward, cost.forward_s),
+                                                  ("backward", backward, cost.backward_s)):
+                    if micro_batch is None or (kind == "forward" and stage == count - 1):
+                        continue  # the last stage's forward is part of its fused backward
+                    kind = "forward+backward" if stage == count - 1 else kind
+                    events.append(Event(kind, rank, stage, micro_batch, clock, clock + seconds))
+                    clock += seconds
+                    if kind != "forward":
+                        backwards[stage] += 1
+                        if backwards[stage] % accumulation_steps == 0 or backwards[stage] == fed:
+                            events.append(Event("update", rank, stage, None, clock, clock + cost.update_s))
+                            clock += cost.update_s
+                if stage == group.stop - 1 and forward is not None and stage < count - 1:
+                    sent_right[rank] += cost.forward_bytes
+                if stage == group.start and backward is not None and stage > 0:
+                    sent_left[rank] += cost.backward_bytes
+            busy[rank] += clock - ready[rank]
+            ends.append(clock)
+        for rank in range(ranks):
+            arrivals = [ends[rank]]
+            if rank > 0:
+                arrivals.append(ends[rank - 1] + transfer(sent_right[rank - 1]))
+            if rank < ranks - 1:
+                arrivals.append(ends[rank + 1] + transfer(sent_left[rank + 1]))
+            if len(arrivals) > 1 and max(arrivals) > ends[rank]:
+                events.append(Event("exchange", rank, EXCHANGE, None, ends[rank], max(arrivals)))
+            ready[rank] = max(arrivals)
+    total = max(ready)
+    steady = sorted(entered)[fed // 2:]
+    steady = steady[(len(steady) - 1) % 2:]  # an even number of intervals: neighbours can settle into a 2-tick beat
+    per_micro_batch = ((entered[steady[-1]] - entered[steady[0]]) / (len(steady) - 1) if len(steady) > 1
+                       else total / fed)
+    return Simulation(
+        time_per_micro_batch=per_micro_batch,
+        utilisation=tuple(b / total for b in busy),
+        bubble_fraction=1.0 - sum(busy) / (ranks * total),
+        peak_memory=tuple(sum(costs[i].held_bytes for i in group) for group in placement.groups),
+        events=tuple(events),
+    )
