@@ -486,6 +486,15 @@ def simulator_main(r, arg=None):
     return table(header, rows, "llrrrl")
 
 
+def predict_main(r, arg=None):
+    """PREDICTED speed-ups of PETRA over synchronous model-parallel reversible backprop, by link and device count."""
+    rows = [[row["link"], row["devices"], ",".join(map(str, row["partition"])), ms(row["petra_s"]), ms(row["naive_s"]),
+             f"**{row['speedup']:.2f}x**", f"{row['partition_cap']:.2f}x"] for row in need(r, "rows")]
+    header = ["link (predicted)", "devices", "stages per device (Placement.auto)", "PETRA ms / micro-batch",
+              "naive ms / micro-batch", "speed-up", "compute cap of the split"]
+    return table(header, rows, "lrlrrrr")
+
+
 # -- numerics --------------------------------------------------------------------------------------------------------
 def sci(value: float) -> str:
     return "0" if value == 0 else f"{value:.1e}"
@@ -631,6 +640,7 @@ RENDERERS = {
     "accuracy_digits": {"summary": accuracy_summary, "main": accuracy_main, "table4": accuracy_table4},
     "fidelity": {"main": fidelity_main, "summary": fidelity_summary},
     "simulator": {"main": simulator_main},
+    "predict": {"main": predict_main},
     "messages": {"main": messages_main},
     "compile": {"main": from_benchmark("compile")},
     "gpu": {"main": from_benchmark("gpu")},
