@@ -1,0 +1,20 @@
+"""benchmarks/predict.py --quick: predictions for 2-10 devices from this machine's profile, labelled as such."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def test_quick_predictions(tmp_path):
+    out = tmp_path / "predict.json"
+    subprocess.run([sys.executable, str(BENCHMARKS / "predict.py"), "--quick", "--out", str(out)], check=True,
+                   capture_output=True, timeout=300)
+    result = json.loads(out.read_text())
+    assert result["prediction"] is True and len(result["stage_costs"]) == 10
+    for row in result["rows"]:
+        assert sum(row["partition"]) == 10 and len(row["partition"]) == row["devices"]
+        assert row["speedup"] == row["naive_s"] / row["petra_s"] > 1
+    assert {row["devices"] for row in result["rows"]} == {2, 4, 5, 10}
