@@ -90,3 +90,33 @@ def test_accelerate_mixed_precision_bf16_trains_two_processes_in_bf16(tmp_path):
     assert "compute bf16, streams fp32, messages bf16" in (out / "README.md").read_text()
     loaded = RevNetForImageClassification.from_pretrained(out)
     assert {p.dtype for p in loaded.parameters()} == {torch.float32}
+
+
+def test_two_machines_on_localhost_train_what_one_process_trains(tmp_path):
+    """Multi-node as users launch it: two `accelerate launch --num_machines 2 --machine_rank R` invocations (here
+    both on 127.0.0.1, one process each) split the 10-stage pipeline and train the model one process trains."""
+    from safetensors.torch import load_file
+
+    argv = ["--max_steps", "6", "--max_train_samples", "128", "--max_eval_samples", "32", "--eval_strategy", "no",
+            "--hidden_sizes", "8,8,16,16", "--embedding_size", "8", "--disable_tqdm", "true", "--petra_timeout", "60",
+            "--seed", "3"]
+    port = str(free_port())
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    machines = [
+        subprocess.Popen(
+            [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "accelerate_config.yaml"),
+             "--num_machines", "2", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1",
+             "--main_process_port", port, "--num_processes", "2", str(SCRIPT), "--output_dir",
+             str(tmp_path / "nodes"), *argv],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for rank in (0, 1)
+    ]
+    for machine in machines:
+        output, _ = machine.communicate(timeout=300)
+        assert machine.returncode == 0, output[-3000:]
+    reports = [json.loads((tmp_path / "nodes" / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["local_stages"] for r in reports] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+
+    recipe.run(argv + ["--output_dir", str(tmp_path / "alone")])
+    nodes, alone = (load_file(tmp_path / name / "model.safetensors") for name in ("nodes", "alone"))
+    assert nodes.keys() == alone.keys() and all(torch.equal(nodes[k], alone[k]) for k in alone)
