@@ -168,9 +168,14 @@ def memory_table6(r, arg=None):
 
 
 # -- throughput ------------------------------------------------------------------------------------------------------
+def multi_process(r) -> dict:
+    """Part 2 of a throughput run (stored as "two" before --num-processes existed)."""
+    return r["multi"] if "multi" in r else need(r, "two")
+
+
 def figures(r) -> dict:
     """What the throughput tables share: per-rank groups and costs, medians, busy cores."""
-    one, two, split = r["one"], r["two"], r["partition"][0]
+    one, two, split = r["one"], multi_process(r), r["partition"][0]
     times = two["times"]
     f = {"layout": one["layout"], "groups": [range(split), range(split, len(one["layout"]))], "times": times}
     f["rank_ms"] = [sum(one["stage_ms"][i] for i in g) for g in f["groups"]]
@@ -241,14 +246,15 @@ def throughput_two_processes(r, arg=None):
     for name, label in method_labels(r).items():
         median, low, high = summary(f["times"][name])
         exchange = " / ".join(map(ms, f["exchange"][name])) if name in f["exchange"] else "n/a"
-        faulted = statistics.median(max(row) for row in r["two"]["faults"][name])
+        faulted = statistics.median(max(row) for row in multi_process(r)["faults"][name])
         rows.append([
             label, ms(median), ms(low), ms(high), "-" if name == "petra" else f"{f['vs'][name]:.2f}x",
             " / ".join(map(ms, f["cpu"][name])), exchange, f"{f['busy'][name]:.2f}", f"{faulted:.0f}",
         ])  # fmt: skip
+    ranks = "rank " + " / ".join(map(str, range(len(r["partition"]))))
     header = [
-        "method", "ms / micro-batch", "min", "max", "PETRA faster by", "CPU ms/mb, rank 0 / 1",
-        "in exchange ms/mb, rank 0 / 1", "cores busy", "page faults / mb",
+        "method", "ms / micro-batch", "min", "max", "PETRA faster by", f"CPU ms/mb, {ranks}",
+        f"in exchange ms/mb, {ranks}", "cores busy", "page faults / mb",
     ]  # fmt: skip
     return table(header, rows)
 
@@ -261,8 +267,9 @@ def throughput_exchange(r, arg=None):
         back = "reversible: the rebuilt activation and its gradient go back"
     else:
         back = "not reversible: only its gradient goes back"
+    bare = multi_process(r)["info"]["bare_exchange"]  # measured with 2 processes only
     row = [f"after stage {split - 1} {layout[split - 1]} ({back})", mib(boundary),
-           mib((2 if reversible else 1) * boundary), ms(max(r["two"]["info"]["bare_exchange"]))]  # fmt: skip
+           mib((2 if reversible else 1) * boundary), ms(max(bare)) if bare else "-"]  # fmt: skip
     header = ["boundary", "forward message (MiB)", "backward message (MiB)", "bare exchange (ms, median of 20)"]
     return table(header, [row])
 
@@ -292,7 +299,7 @@ def throughput_ratios(r, arg=None):
 
 def throughput_memory(r, arg=None):
     one, f = r["one"], figures(r)
-    graphs, held = one["graph_bytes"], r["two"]["info"]["petra_held_bytes"]
+    graphs, held = one["graph_bytes"], multi_process(r)["info"]["petra_held_bytes"]
 
     def row(label, cells):
         return [label] + [f"{mib(h)} + {mib(t)} = **{mib(h + t)}**" for h, t in cells]

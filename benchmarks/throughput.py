@@ -3,8 +3,8 @@
     python benchmarks/throughput.py            # full run (about 12 min): benchmarks/results/throughput.json
     python benchmarks/throughput.py --quick    # tiny model and windows (about 1 min): throughput-quick.json
 
-Part 1, one process: per-stage CPU cost under PETRA (balances the 2-rank partition), per-stage memory figures,
-PETRA against a plain backprop loop. Part 2, a gloo group of 2 processes: PETRA (steady state, and from empty to
+Part 1, one process: per-stage CPU cost under PETRA (balances the partition), per-stage memory figures, PETRA
+against a plain backprop loop. Part 2, a gloo group of 2 processes (`--num-processes W`): PETRA (steady state, and from empty to
 drained), the engine's synchronous `reversible_backprop` and `backprop` (naive model parallelism), and
 `Schedule1F1B` with checkpointed stages. Timing windows of all methods are interleaved, repetition after
 repetition. What is compared and why: docs/benchmarks-throughput.md; tables: `python benchmarks/report.py`.
@@ -56,6 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--pp-microbatches", type=str, default=None, help="n_microbatches for Schedule1F1B (default 2,8,18; quick: 2,4)"
     )
     parser.add_argument("--partition", type=str, default=None, help="stages per rank, e.g. 4,6 (default: balanced)")
+    parser.add_argument("--num-processes", type=int, default=2, help="pipeline processes in part 2 (default 2)")
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--quick", action="store_true", help="tiny model and windows: a smoke test of the script")
     parser.add_argument(
@@ -72,8 +73,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.partition = [int(p) for p in args.partition.split(",")] if args.partition else None
     if args.repeats < 1 or args.micro_batches < 1 or args.batch < 2 or args.width < 1:
         parser.error("--repeats, --micro-batches, --width must be >= 1 and --batch >= 2 (batch norm)")
-    if any(m < 2 for m in args.pp_microbatches):
-        parser.error("Schedule1F1B needs n_microbatches >= the number of stages (2)")
+    if args.num_processes < 2:
+        parser.error("--num-processes must be >= 2")
+    if any(m < args.num_processes for m in args.pp_microbatches):
+        parser.error(f"Schedule1F1B needs n_microbatches >= the number of stages ({args.num_processes})")
     return args
 
 
@@ -216,7 +219,7 @@ def bare_exchange(rank, numel: int, copies: int, repeats: int = 20) -> float:
     return statistics.median(times)
 
 
-def two_process_job(rank, world_size, settings, partition, boundary_numel, copies):
+def multi_process_job(rank, world_size, settings, partition, boundary_numel, copies):
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
     torch.manual_seed(0)
@@ -227,7 +230,8 @@ def two_process_job(rank, world_size, settings, partition, boundary_numel, copie
     cpu = defaultdict(list)  # name -> per-repetition [per-rank CPU seconds per micro-batch]
     faults = defaultdict(list)  # name -> per-repetition [per-rank minor page faults per micro-batch]
     info = {"threads": torch.get_num_threads(), "world_size": dist.get_world_size(), "backend": dist.get_backend()}
-    info["bare_exchange"] = all_values(bare_exchange(rank, boundary_numel, copies))
+    # the messages of one tick alone, between the two ranks (measured for 2 processes only)
+    info["bare_exchange"] = all_values(bare_exchange(rank, boundary_numel, copies)) if world_size == 2 else None
 
     # engine pipelines, one per method, each with its own copy of the model: "petra" runs continuously (steady
     # state), "petra_drain" goes from empty to drained in every window
@@ -307,7 +311,7 @@ def two_process_job(rank, world_size, settings, partition, boundary_numel, copie
             window(f"1f1b_m{m}", lambda m=m, steps=steps: [pp_step(m, s * m) for s in range(steps)], steps * m)
         if rank == 0:
             line = ", ".join(f"{name} {1e3 * values[-1]:.1f}" for name, values in results.items())
-            progress(f"two processes, repetition {repeat + 1}/{settings.repeats} (ms per micro-batch): {line}")
+            progress(f"{world_size} processes, repetition {repeat + 1}/{settings.repeats} (ms per micro-batch): {line}")
 
     petra.drain()
     # sanity: every micro-batch fed was backpropagated and applied (k = 1) at every local stage
@@ -319,10 +323,12 @@ def two_process_job(rank, world_size, settings, partition, boundary_numel, copie
     return {"times": dict(results), "exchange": dict(exchange), "cpu": dict(cpu), "faults": dict(faults), "info": info}
 
 
-def balanced_partition(costs: list[float]) -> list[int]:
-    """The contiguous 2-way split of the stages minimising the larger group's cost."""
-    best = min(range(1, len(costs)), key=lambda s: max(sum(costs[:s]), sum(costs[s:])))
-    return [best, len(costs) - best]
+def balanced_partition(costs: list[float], ranks: int) -> list[int]:
+    """The contiguous split of the stages over `ranks` minimising the largest group's cost (`Placement.auto`)."""
+    from petra_hub.engine import Placement, StageCost
+
+    placement = Placement.auto([StageCost(cost, 0.0, 0.0, 0, 0, 0) for cost in costs], ranks)
+    return [len(group) for group in placement.groups]
 
 
 def main(argv=None) -> dict:
@@ -335,16 +341,17 @@ def main(argv=None) -> dict:
     progress("part 1, one process: per-stage cost, memory, PETRA against plain backprop")
     (one,) = launch(one_process_job, 1, settings, env=env)
     layout = one["layout"]
-    partition = settings.partition or balanced_partition(one["stage_ms"])
-    if len(partition) != 2 or sum(partition) != len(layout) or min(partition) < 1:
-        raise SystemExit(f"--partition must split the {len(layout)} stages in 2 groups, got {partition}")
+    processes = settings.num_processes
+    partition = settings.partition or balanced_partition(one["stage_ms"], processes)
+    if len(partition) != processes or sum(partition) != len(layout) or min(partition) < 1:
+        raise SystemExit(f"--partition must split the {len(layout)} stages in {processes} groups, got {partition}")
     progress(f"partition {partition} (per-stage CPU ms {[round(c, 1) for c in one['stage_ms']]})")
     loads.append(load_average())
 
-    progress("part 2, two processes: PETRA, naive model parallelism, Schedule1F1B")
+    progress(f"part 2, {processes} processes: PETRA, naive model parallelism, Schedule1F1B")
     boundary_numel = one["output_bytes"][partition[0] - 1] // 4  # float32 activation leaving rank 0
     copies = 2 if layout[partition[0] - 1] == "R" else 1  # PETRA returns x with dx from a reversible stage
-    two = launch(two_process_job, 2, settings, partition, boundary_numel, copies, env=env)
+    multi = launch(multi_process_job, processes, settings, partition, boundary_numel, copies, env=env)
     loads.append(load_average())
 
     return write_results(
@@ -358,7 +365,7 @@ def main(argv=None) -> dict:
         elapsed_s=time.time() - started,
         partition=partition,
         one=one,
-        two=two[0],
+        multi=multi[0],
     )
 
 
