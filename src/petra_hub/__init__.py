@@ -18,6 +18,10 @@ _LAZY = {
     "RevNetModel": "petra_hub.models.revnet",
     "RevNetForImageClassification": "petra_hub.models.revnet",
     "RevNetPreTrainedModel": "petra_hub.models.revnet",
+    "RevViTConfig": "petra_hub.models.revvit",
+    "RevViTModel": "petra_hub.models.revvit",
+    "RevViTForImageClassification": "petra_hub.models.revvit",
+    "RevViTPreTrainedModel": "petra_hub.models.revvit",
     "Pipeline": "petra_hub.engine",
     "Mode": "petra_hub.engine",
     "PetraTrainer": "petra_hub.training",
@@ -34,6 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .data import collate_image_batch, image_processor_for, load_image_dataset
     from .engine import Mode, Pipeline
     from .models.revnet import RevNetConfig, RevNetForImageClassification, RevNetModel, RevNetPreTrainedModel
+    from .models.revvit import RevViTConfig, RevViTForImageClassification, RevViTModel, RevViTPreTrainedModel
     from .training import GradientFidelityCallback, PetraTrainer, PetraTrainingArguments
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..models.revnet import RevNetConfig, RevNetForImageClassification
+from ..models.revvit import RevViTConfig, RevViTForImageClassification
 
 SMALL_WIDTHS = {"basic": [4, 8, 8, 8], "bottleneck": [8, 8, 16, 16]}
 
@@ -53,3 +54,15 @@ FAST_EMBEDDING = 8
 def doubling_widths(width: int) -> list[int]:
     """Stream widths of the four layers, [w, 2w, 4w, 8w]."""
     return [width, 2 * width, 4 * width, 8 * width]
+
+
+# RevViT test widths: every preset's depth and head count, tokens 4 wide per head, 16x16 images in 4x4 patches.
+def small_revvit_config(preset: str = "revvit-tiny", **overrides) -> RevViTConfig:
+    heads = RevViTConfig.from_preset(preset).num_attention_heads
+    arguments = {"hidden_size": 4 * heads, "image_size": 16, "patch_size": 4, "num_labels": 10, **overrides}
+    return RevViTConfig.from_preset(preset, **arguments)
+
+
+def small_revvit(preset: str = "revvit-tiny", dtype=torch.float64, seed: int = 0, **overrides):
+    torch.manual_seed(seed)
+    return RevViTForImageClassification(small_revvit_config(preset, **overrides)).to(dtype)

@@ -1,0 +1,269 @@
+"""Two-stream reversible vision transformers (RevViT, Mangalam et al., CVPR 2022), as PETRA stages.
+
+Stages: the patch embedding (stem, not reversible), one stage per block, and the head. A block maps (x1, x2) to
+
+    y1 = x1 + F(x2),  F = attention(LayerNorm(.)),     y2 = x2 + G(y1),  G = MLP(LayerNorm(.)),
+
+and is inverted as x2 = y2 - G(y1), x1 = y1 - F(x2). Its fused backward evaluates G and F once each under
+autograd, in that order (the inverse's), so random sub-functions cannot rely on replaying the generator's stream in
+the forward's order: a block that draws (dropout, stochastic depth in training) takes one seed from the global
+generator, and F and G draw from private generators seeded from it. The engine replays the global generator for a
+reconstruction, so the block draws the same seed and F and G the same masks, in any order.
+
+This file may import only torch, transformers and its configuration file (it is copied next to checkpoints).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as functional
+from torch import nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPoolingAndNoAttention,
+    ImageClassifierOutputWithNoAttention,
+)
+
+from .configuration_revvit import RevViTConfig
+
+Streams = tuple[torch.Tensor, torch.Tensor]
+
+
+def seeded_dropout(x: torch.Tensor, p: float, generator: torch.Generator | None, per_sample: bool = False):
+    """Dropout (or, `per_sample`, stochastic depth: a whole sample's value) with masks from `generator`."""
+    if generator is None or p == 0.0:
+        return x
+    shape = (x.shape[0],) + (1,) * (x.dim() - 1) if per_sample else x.shape
+    keep = torch.rand(shape, generator=generator, device=x.device, dtype=torch.float32) >= p
+    return x * keep.to(x.dtype) / (1.0 - p)
+
+
+class RevViTEmbeddings(nn.Module):
+    """Patches (a convolution with kernel = stride = patch size) plus learned positions, as two equal streams."""
+
+    reversible = False
+
+    def __init__(self, config: RevViTConfig):
+        super().__init__()
+        self.patches = nn.Conv2d(config.num_channels, config.hidden_size, config.patch_size, stride=config.patch_size)
+        self.position_embeddings = nn.Parameter(torch.zeros(1, config.num_patches, config.hidden_size))
+
+    def forward(self, pixel_values: torch.Tensor) -> Streams:
+        tokens = self.patches(pixel_values).flatten(2).transpose(1, 2) + self.position_embeddings
+        return tokens, tokens
+
+
+class Attention(nn.Module):
+    def __init__(self, config: RevViTConfig):
+        super().__init__()
+        self.heads = config.num_attention_heads
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.projection = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, tokens, width = x.shape
+        qkv = self.qkv(self.norm(x)).view(batch, tokens, 3, self.heads, width // self.heads).permute(2, 0, 3, 1, 4)
+        attended = functional.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])
+        return self.projection(attended.transpose(1, 2).reshape(batch, tokens, width))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: RevViTConfig):
+        super().__init__()
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(functional.gelu(self.fc1(self.norm(x))))
+
+
+class ReversibleViTBlock(nn.Module):
+    """y1 = x1 + F(x2), y2 = x2 + G(y1) with F = attention, G = MLP (see the module docstring for randomness).
+    Under autocast F and G run in low precision and the couplings in the streams' own dtype."""
+
+    reversible = True
+
+    def __init__(self, config: RevViTConfig, drop_path: float):
+        super().__init__()
+        self.attention, self.mlp = Attention(config), MLP(config)
+        self.dropout, self.drop_path = config.hidden_dropout_prob, drop_path
+
+    def _generators(self, device: torch.device) -> tuple[torch.Generator | None, torch.Generator | None]:
+        if not self.training or (self.dropout == 0.0 and self.drop_path == 0.0):
+            return None, None
+        seed = int(torch.randint(0, 2**62, (1,)))  # one draw from the global generator, replayed by the engine
+        return tuple(torch.Generator(device=device).manual_seed(seed + offset) for offset in (0, 1))
+
+    def _branch(self, function: nn.Module, x: torch.Tensor, generator) -> torch.Tensor:
+        value = seeded_dropout(function(x), self.dropout, generator)
+        return seeded_dropout(value, self.drop_path, generator, per_sample=True).to(x.dtype)
+
+    def forward(self, streams: Streams) -> Streams:
+        x1, x2 = streams
+        for_f, for_g = self._generators(x1.device)
+        y1 = x1 + self._branch(self.attention, x2, for_f)
+        return y1, x2 + self._branch(self.mlp, y1, for_g)
+
+    def inverse(self, streams: Streams) -> Streams:
+        y1, y2 = streams
+        for_f, for_g = self._generators(y1.device)
+        x2 = y2 - self._branch(self.mlp, y1, for_g)
+        return y1 - self._branch(self.attention, x2, for_f), x2
+
+    def reconstruct_and_backward(self, outputs: Streams, output_grads: Streams) -> tuple[Streams, Streams]:
+        """Rebuild (x1, x2) and backpropagate (g1, g2), evaluating G then F once each under autograd; parameter
+        gradients accumulate into `.grad`. Returns (inputs, input gradients), detached."""
+        y1, y2 = outputs
+        g1, g2 = output_grads
+        for_f, for_g = self._generators(y1.device)
+        y1 = y1.detach().requires_grad_(True)
+        with torch.enable_grad():
+            g_value = self._branch(self.mlp, y1, for_g)
+        g_value.backward(g2)
+        grad_y1 = g1 + y1.grad
+        x2 = (y2 - g_value.detach()).requires_grad_(True)
+        with torch.enable_grad():
+            f_value = self._branch(self.attention, x2, for_f)
+        f_value.backward(grad_y1)
+        x1 = y1.detach() - f_value.detach()
+        return (x1, x2.detach()), (grad_y1, g2 + x2.grad)
+
+
+class RevViTPooler(nn.Module):
+    """LayerNorm over the two streams side by side, then the mean over tokens."""
+
+    def __init__(self, config: RevViTConfig):
+        super().__init__()
+        self.norm = nn.LayerNorm(2 * config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, streams: Streams) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = self.norm(torch.cat(streams, dim=-1))
+        return tokens, tokens.mean(dim=1)
+
+
+class RevViTHead(nn.Module):
+    """The last stage: pooler and classifier (not reversible)."""
+
+    reversible = False
+
+    def __init__(self, pooler: RevViTPooler, classifier: nn.Linear):
+        super().__init__()
+        self.pooler, self.classifier = pooler, classifier
+
+    def forward(self, streams: Streams) -> torch.Tensor:
+        return self.classifier(self.pooler(streams)[1])
+
+
+class RevViTPreTrainedModel(PreTrainedModel):
+    config_class = RevViTConfig
+    config: RevViTConfig
+    base_model_prefix = "revvit"
+    main_input_name = "pixel_values"
+    input_modalities = ("image",)
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, (nn.Linear, nn.Conv2d)):
+            init.trunc_normal_(module.weight, std=self.config.initializer_range)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, RevViTEmbeddings):
+            init.trunc_normal_(module.position_embeddings, std=self.config.initializer_range)
+
+
+class RevViTModel(RevViTPreTrainedModel):
+    """Patch embedding and reversible blocks; returns the normalised tokens (streams side by side) and their mean."""
+
+    def __init__(self, config: RevViTConfig):
+        super().__init__(config)
+        self.embeddings = RevViTEmbeddings(config)
+        depth = config.num_hidden_layers
+        rates = [config.drop_path_rate * i / max(1, depth - 1) for i in range(depth)]
+        self.encoder = nn.ModuleList(ReversibleViTBlock(config, rate) for rate in rates)
+        self.pooler = RevViTPooler(config)
+        self.num_features = 2 * config.hidden_size
+        self.post_init()
+
+    def get_stages(self) -> list[nn.Module]:
+        """The patch embedding and one stage per block (no head)."""
+        return [self.embeddings, *self.encoder]
+
+    def check_pixel_values(self, pixel_values: torch.Tensor) -> None:
+        """Raise a ValueError unless `pixel_values` is a float [batch, channels, image_size, image_size]."""
+        config = self.config
+        expected = f"[batch, {config.num_channels}, {config.image_size}, {config.image_size}]"
+        if not isinstance(pixel_values, torch.Tensor) or pixel_values.dim() != 4:
+            shape = tuple(pixel_values.shape) if isinstance(pixel_values, torch.Tensor) else type(pixel_values)
+            raise ValueError(f"pixel_values must be a 4-D tensor {expected}, got {shape}")
+        if not pixel_values.is_floating_point():
+            raise ValueError(f"pixel_values must be a floating-point tensor, got {pixel_values.dtype}")
+        if pixel_values.shape[1] != config.num_channels:
+            raise ValueError(f"pixel_values has {pixel_values.shape[1]} channels but the model expects "
+                             f"config.num_channels={config.num_channels} ({expected})")
+        if tuple(pixel_values.shape[2:]) != (config.image_size, config.image_size):
+            raise ValueError(f"pixel_values of spatial size {tuple(pixel_values.shape[2:])}: this RevViT was built "
+                             f"for {config.image_size}x{config.image_size} images in patches of {config.patch_size} "
+                             f"(its position embeddings are learned per patch) {expected}")
+
+    def forward(self, pixel_values: torch.Tensor, output_hidden_states: bool | None = None,
+                return_dict: bool | None = None, **kwargs) -> BaseModelOutputWithPoolingAndNoAttention | tuple:
+        output_hidden_states = (output_hidden_states if output_hidden_states is not None
+                                else self.config.output_hidden_states)
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        self.check_pixel_values(pixel_values)
+        streams = self.embeddings(pixel_values)
+        hidden_states = [torch.cat(streams, dim=-1)] if output_hidden_states else None
+        for block in self.encoder:
+            streams = block(streams)
+            if output_hidden_states:
+                hidden_states.append(torch.cat(streams, dim=-1))
+        last_hidden_state, pooled = self.pooler(streams)
+        hidden_states = tuple(hidden_states) if output_hidden_states else None
+        if not return_dict:
+            return (last_hidden_state, pooled) + ((hidden_states,) if output_hidden_states else ())
+        return BaseModelOutputWithPoolingAndNoAttention(
+            last_hidden_state=last_hidden_state, pooler_output=pooled, hidden_states=hidden_states)
+
+
+class RevViTForImageClassification(RevViTPreTrainedModel):
+    accepts_loss_kwargs = False  # the loss is a micro-batch mean
+
+    def __init__(self, config: RevViTConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.revvit = RevViTModel(config)
+        self.classifier = nn.Linear(self.revvit.num_features, config.num_labels)
+        self.post_init()
+
+    def get_stages(self) -> list[nn.Module]:
+        """Patch embedding, one stage per block, head. Running them in order equals `forward`."""
+        return [*self.revvit.get_stages(), RevViTHead(self.revvit.pooler, self.classifier)]
+
+    def compute_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if labels.shape[0] != logits.shape[0]:
+            raise ValueError(f"labels has {labels.shape[0]} entries for a batch of {logits.shape[0]} images")
+        if not labels.is_floating_point() and self.config.num_labels > 1:
+            low, high = int(labels.min()), int(labels.max())
+            if low < 0 or high >= self.config.num_labels:
+                raise ValueError(f"labels must lie in [0, {self.config.num_labels - 1}] (config.num_labels="
+                                 f"{self.config.num_labels}), got values in [{low}, {high}]")
+        return self.loss_function(labels, logits, self.config)
+
+    def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None,
+                output_hidden_states: bool | None = None, return_dict: bool | None = None,
+                **kwargs) -> ImageClassifierOutputWithNoAttention | tuple:
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.revvit(pixel_values, output_hidden_states=output_hidden_states, return_dict=True)
+        logits = self.classifier(outputs.pooler_output)
+        loss = self.compute_loss(logits, labels) if labels is not None else None
+        if not return_dict:
+            output = (logits,) + ((outputs.hidden_states,) if outputs.hidden_states is not None else ())
+            return ((loss,) + output) if loss is not None else output
+        return ImageClassifierOutputWithNoAttention(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
