@@ -2,6 +2,8 @@
 
     OMP_NUM_THREADS=2 python benchmarks/memory.py                 # about 5 min: benchmarks/results/memory.json
     python benchmarks/memory.py --fast --models revnet18          # seconds, tiny widths: memory-quick.json
+    python benchmarks/memory.py --models --revvit revvit-small --modes delayed petra backprop \
+        --out benchmarks/results/memory_revvit.json               # RevViT-S at 224, J = 14 (about 2 min)
 
 For every model and configuration the stages run in a `Pipeline` until the steady state (2(J-1)+1 micro-batches),
 and `pipeline.memory()` is read before draining: the bytes of the inputs (or autograd graphs) and weight copies
@@ -34,7 +36,8 @@ from common import add_out_argument, build_model, make_pipeline, progress, rando
 from common import results_path, revnet_config, write_results  # noqa: E402
 from petra_hub.engine import Mode, Schedule, stage_layout  # noqa: E402
 from petra_hub.models.revnet import RevNetConfig  # noqa: E402
-from petra_hub.testing.models import FAST_WIDTHS, RECIPE_WIDTH, doubling_widths  # noqa: E402
+from petra_hub.models.revvit import RevViTConfig, RevViTForImageClassification  # noqa: E402
+from petra_hub.testing.models import FAST_WIDTHS, RECIPE_WIDTH, doubling_widths, small_revvit_config  # noqa: E402
 
 BUFFER_MODES = [Mode.DELAYED, Mode.INPUT_BUFFER, Mode.WEIGHT_STASH, Mode.PETRA]
 REFERENCE_MODES = [Mode.BACKPROP, Mode.REVERSIBLE_BACKPROP]
@@ -238,7 +241,10 @@ def table6_counterpart(presets, batch, fast) -> dict:
 # -- main ----------------------------------------------------------------------------------------------------------
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=["revnet18", "revnet34", "revnet50"])
+    parser.add_argument("--models", nargs="*", default=["revnet18", "revnet34", "revnet50"])
+    parser.add_argument("--revvit", nargs="*", default=[], metavar="PRESET",
+                        help="RevViT presets, measured at their own image size (224; 16 --fast), in a run of their "
+                             "own: pass --models with no name")
     parser.add_argument("--downsampling", nargs="+", default=DOWNSAMPLINGS, choices=DOWNSAMPLINGS)
     parser.add_argument("--modes", nargs="+", default=[m.value for m in ALL_MODES], choices=Mode.names())
     parser.add_argument("--batch", type=int, default=2, help="measured micro-batch (default 2)")
@@ -263,6 +269,11 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"image sides must be multiples of 32 for bytes to scale exactly with the area, got {side}")
     if args.batch < 2:
         parser.error("--batch must be >= 2 (at batch 1 the stem's two streams share one storage)")
+    if args.revvit and args.models:
+        parser.error("--revvit runs on their own (pass --models with no name): RevViT activations are measured at "
+                     "the model's image size and scale with the micro-batch only, RevNet ones also with the area")
+    if not args.revvit and not args.models:
+        parser.error("nothing to measure: name --models or --revvit presets")
     return args
 
 
@@ -272,7 +283,7 @@ def main(argv=None) -> dict:
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
     modes = [Mode(m) for m in args.modes]
-    area_scale = (args.report_size / args.image_size) ** 2
+    area_scale = 1.0 if args.revvit else (args.report_size / args.image_size) ** 2
     scale = args.scale_to / args.batch * area_scale
     settings = {key: value for key, value in vars(args).items() if key != "out"}
     report: dict = {"threads": torch.get_num_threads(), "scale": scale, "models": {}}
@@ -289,6 +300,22 @@ def main(argv=None) -> dict:
             }
             del model
             gc.collect()
+
+    for preset in args.revvit:
+        config = small_revvit_config(preset) if args.fast else RevViTConfig.from_preset(preset, num_labels=1000)
+        torch.manual_seed(0)
+        model = RevViTForImageClassification(config).float()
+        label = f"{preset.replace('-', '_')} patch{config.patch_size}"
+        results = measure_all(model, modes, args.batch, config.image_size, label)
+        report["models"][label] = {
+            "layout": stage_layout(model.get_stages()), "param_bytes": parameter_bytes(model),
+            "image_size": config.image_size, "summary": totals(results, parameter_bytes(model), scale),
+            "modes": {name: asdict(result) for name, result in results.items()},
+        }
+        del model
+        gc.collect()
+    if args.revvit:
+        args.no_checks = args.no_depth_study = args.no_table6 = True  # RevNet studies
 
     if not args.no_checks:
         preset, downsampling = args.models[0], args.downsampling[0]

@@ -38,3 +38,24 @@ def test_fast_run_reports_buffers_per_configuration(memory_benchmark, report, tm
     for name in ("delayed", "input_buffer", "weight_stash", "petra", "reversible_backprop"):
         assert results["batch_check"][name]["ratio"] == 2.0
         assert results["batch_check"][name]["stash_unchanged"]
+
+
+def test_revvit_rows_keep_nothing_at_reversible_blocks(memory_benchmark, report, tmp_path):
+    """RevViT measured in a run of its own: every block is reversible, so PETRA keeps only the stem's images, while
+    the delayed configuration keeps 2(J-1-i) token inputs at block i."""
+    import pytest
+
+    out = tmp_path / "memory_revvit.json"
+    results = memory_benchmark.main(["--fast", "--models", "--revvit", "revvit-tiny", "--modes", "delayed", "petra",
+                                     "--out", str(out)])
+    (label,) = results["models"]
+    entry = results["models"][label]
+    assert label == "revvit_tiny patch4" and entry["layout"] == "S" + "R" * 12 + "H"
+    petra, delayed = entry["modes"]["petra"]["stages"], entry["modes"]["delayed"]["stages"]
+    assert all(s["activation_bytes"] == 0 for s in petra[1:])
+    tokens = 2 * 16 * 12 * 4  # micro-batch 2, 16 patches, width 12, float32
+    assert [s["activation_bytes"] for s in delayed[1:-1]] == [2 * tokens * (2 * (13 - i)) for i in range(1, 13)]
+    assert results["scale"] == 32  # micro-batch 2 scaled to 64, no area scaling: measured at the model's size
+    assert "| petra |" in report.render("memory_revvit/totals/revvit_tiny-patch4", tmp_path)
+    with pytest.raises(SystemExit):
+        memory_benchmark.parse_args(["--revvit", "revvit-tiny"])  # not mixed with RevNets

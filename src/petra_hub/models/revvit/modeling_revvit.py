@@ -51,7 +51,7 @@ class RevViTEmbeddings(nn.Module):
 
     def forward(self, pixel_values: torch.Tensor) -> Streams:
         tokens = self.patches(pixel_values).flatten(2).transpose(1, 2) + self.position_embeddings
-        return tokens, tokens
+        return tokens, tokens.clone()  # two storages, as on a device that received them
 
 
 class Attention(nn.Module):
