@@ -62,7 +62,8 @@ def check_first_batch(model, collator, dataset, what: str = "train_dataset") -> 
             f"'pixel_values' must be a batch of images [batch, channels, height, width], got {shape} from {what} "
             "(apply the image transform, e.g. with dataset.with_transform)"
         )
-    check = getattr(getattr(model, "revnet", None), "check_pixel_values", None)
+    base = getattr(model, getattr(model, "base_model_prefix", ""), None)  # model.revnet, model.revvit, ...
+    check = getattr(base, "check_pixel_values", None)
     if check is not None:
         check(pixel_values)
     num_labels = getattr(model.config, "num_labels", None)
