@@ -36,6 +36,7 @@ import torch  # noqa: E402
 
 from accuracy_digits import RECIPE, REMEDIES, recipe_argv, run_recipe  # noqa: E402
 from common import add_out_argument, load_average, progress, results_path, write_results  # noqa: E402
+from report import run_records  # noqa: E402
 from petra_hub.training import GradientFidelityCallback  # noqa: E402
 
 IMAGES = HERE.parent / "docs" / "images"
@@ -71,16 +72,11 @@ def one_run(run, mode: str, seed: int, epochs: float, every: int, workdir: str, 
             "columns": columns, "rows": [[round(r[c], 6) for c in columns] for r in callback.history]}
 
 
-def records(run: dict) -> list[dict]:
-    """A run's callback records (stored as columns and rows to keep the JSON small)."""
-    return [dict(zip(run["columns"], row)) for row in run["rows"]]
-
-
 def draw(result: dict, images: Path) -> list[Path]:
     from petra_hub.plots import plot_fidelity_by_stage, plot_fidelity_history
 
     run = result["runs"][0]
-    history = records(run)
+    history = run_records(run)
     settings = result["settings"]
     mode = "PETRA" if settings["mode"] == "petra" else settings["mode"]
     what = f"RevNet18 on digits, J = {run['num_stages']}, {mode} k = 1, seed {run['seed']}"

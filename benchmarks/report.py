@@ -433,9 +433,14 @@ def fidelity_epochs(r) -> list[int]:
     return sorted({1, max(1, last // 2), last})
 
 
+def run_records(run: dict) -> list[dict]:
+    """One run's probe records (benchmarks/fidelity.py stores them as columns and rows, to keep the JSON small)."""
+    return [dict(zip(run["columns"], row)) for row in run["rows"]]
+
+
 def fidelity_records(r) -> list[dict]:
-    """Every seed's probe records (benchmarks/fidelity.py stores each run's as columns and rows)."""
-    return [dict(zip(run["columns"], row)) for run in need(r, "runs") for row in run["rows"]]
+    """Every seed's probe records."""
+    return [record for run in need(r, "runs") for record in run_records(run)]
 
 
 def fidelity_mean(r, metric: str, stage: int, epoch: int | None = None) -> float:
