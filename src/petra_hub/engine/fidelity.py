@@ -28,7 +28,7 @@ from torch import nn
 from torch.func import functional_call
 
 from .batchnorm import frozen_running_stats
-from .messages import Part, round_trip
+from .messages import round_trip
 from .precision import LOW_PRECISION, Precision
 from .randomness import RngState, capture, replaying
 from .protocol import Moment
@@ -100,7 +100,7 @@ def measure(micro_batch: int, batch: int, probes: dict[int, StageProbe], stages:
     def exchange(direction: str, value, boundary: int):
         forward = direction == "forward"
         tag = PROBE_FORWARD_TAG if forward else PROBE_BACKWARD_TAG
-        parts = router.forward_parts(boundary) if forward else gradient_parts(router, boundary)
+        parts = router.forward_parts(boundary) if forward else router.gradient_parts(boundary)
         if value is None:
             (value,) = router.receive_alone("left" if forward else "right", tag, parts, batch, moment)
             return value
@@ -165,16 +165,10 @@ def reference_gradients(
             grad = like(leaves, tuple(found[len(copies):]))
             grad = precision.cast_streams(grad)
             if index - 1 in local:
-                (grad,) = round_trip([grad], gradient_parts(router, index - 1))
+                (grad,) = round_trip([grad], router.gradient_parts(index - 1))
     if local.start > 0:
         exchange("backward", grad, local.start - 1)
     return gradients
-
-
-def gradient_parts(router: Router, left_stage: int) -> list[Part]:
-    """The layout of a gradient crossing the boundary after `left_stage` backward (as in training, minus the
-    returned input)."""
-    return [Part(router.specs[left_stage], router.wire)]
 
 
 def gather(results: list[StageFidelity], group, distributed: bool) -> list[StageFidelity]:

@@ -67,9 +67,12 @@ class Router:
     def backward_parts(self, left_stage: int) -> list[Part]:
         """The layout of what stage `left_stage + 1` sends back: its input, exact, if `left_stage` reconstructs,
         then the gradient."""
-        spec = self.specs[left_stage]
-        returned = [Part(spec)] if self.reconstructs[left_stage] else []
-        return returned + [Part(spec, self.wire)]
+        returned = [Part(self.specs[left_stage])] if self.reconstructs[left_stage] else []
+        return returned + self.gradient_parts(left_stage)
+
+    def gradient_parts(self, left_stage: int) -> list[Part]:
+        """The layout of the gradient of stage `left_stage`'s output, as it crosses back."""
+        return [Part(self.specs[left_stage], self.wire)]
 
     def send_forward(self, index: int, micro_batch: int, outputs: Activation, outgoing: list[Outgoing]) -> None:
         parts = self.forward_parts(index)
