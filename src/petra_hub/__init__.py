@@ -2,7 +2,8 @@
 
 The public names below are imported on first use, so that `import petra_hub.engine` needs torch only. Touching a
 model class (or importing `petra_hub.models`) registers the "revnet" model type with transformers' Auto classes;
-importing `petra_hub.integrations.timm` registers `revnet18` .. `revnet101` with timm.
+importing `petra_hub.integrations.timm` registers `revnet18` .. `revnet101` and `revvit_tiny` .. `revvit_base`
+with timm.
 """
 
 from __future__ import annotations

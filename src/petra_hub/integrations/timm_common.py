@@ -1,0 +1,215 @@
+"""What petra_hub's timm models share: the wrapper of a transformers classifier and the loading of local weights.
+
+The families live in :mod:`petra_hub.integrations.timm` (RevNets) and :mod:`petra_hub.integrations.timm_revvit`
+(RevViTs); importing the first registers both. A timm model here wraps a transformers ``...ForImageClassification``
+as its ``model`` attribute (state-dict keys ``model.<base_model_prefix>...``, ``model.classifier...``) and takes
+weights written by the transformers model, its base model or the timm model itself.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as functional
+from safetensors import safe_open
+from timm.models import build_model_with_cfg, resolve_pretrained_cfg
+from torch import nn
+
+from ..data import dataset_spec
+
+IMAGENET = dataset_spec("imagenet").info
+
+# The arguments every wrapper takes from timm, in the order error messages list them.
+TIMM_ARGUMENTS = ("num_classes", "in_chans", "drop_rate", "global_pool")
+
+
+def imagenet_cfg(**fields: Any) -> dict[str, Any]:
+    """A timm pretrained cfg for ImageNet-1k inputs (3x224x224, ImageNet mean/std, resize 256 + centre crop 224 as
+    petra_hub's ImageNet test transform), no url (no weights are published); `fields` complete or replace it."""
+    return {
+        "url": "",
+        "num_classes": IMAGENET.num_labels,
+        "input_size": (IMAGENET.num_channels, IMAGENET.image_size, IMAGENET.image_size),
+        "crop_pct": 0.875,
+        "interpolation": "bilinear",
+        "mean": IMAGENET.mean,
+        "std": IMAGENET.std,
+        "classifier": "model.classifier",
+        "license": "apache-2.0",
+        **fields,
+    }
+
+
+class TimmWrapper(nn.Module):
+    """timm's classifier interface around a transformers image classifier kept as `self.model`.
+
+    A family sets `family` (its name in messages, e.g. "RevNet"), `stem` (the base model's attribute that embeds
+    the images), `renamed` (config arguments that timm arguments replace) and `config_arguments` (the config
+    arguments taken), and defines `forward_features` and `forward_head` (which ends with :meth:`_classify`).
+    """
+
+    family = "model"
+    stem = "embeddings"
+    renamed: dict[str, str] = {}
+    config_arguments: frozenset[str] = frozenset()
+    timm_arguments = TIMM_ARGUMENTS
+
+    def _check_arguments(self, config_kwargs: dict[str, Any], num_classes: int, global_pool: str) -> None:
+        for name in config_kwargs:
+            if name in self.renamed:
+                raise TypeError(f"{type(self).__name__}: pass {self.renamed[name]} instead of {name!r}")
+            if name not in self.config_arguments:
+                raise TypeError(
+                    f"{type(self).__name__} got an unexpected keyword argument {name!r}; {self.family} arguments "
+                    f"are {', '.join(self.timm_arguments)} and {', '.join(sorted(self.config_arguments))}"
+                )
+        self._check_global_pool(global_pool)
+        if num_classes < 0:
+            raise ValueError(f"num_classes must be >= 0, got {num_classes}")
+
+    def _wrap(self, model: nn.Module, num_classes: int, in_chans: int, drop_rate: float, cfg: dict) -> None:
+        self.model = model
+        self.num_classes = num_classes
+        self.in_chans = in_chans
+        self.drop_rate = float(drop_rate)
+        self.global_pool = "avg"
+        self.num_features = self.head_hidden_size = model.base_model.num_features
+        if num_classes == 0:
+            self.model.classifier = nn.Identity()
+        # create_model (build_model_with_cfg) replaces these with the resolved cfg.
+        self.pretrained_cfg = self.default_cfg = cfg
+
+    @property
+    def config(self):
+        return self.model.config
+
+    def get_stages(self) -> list[nn.Module]:
+        """The PETRA stages of the wrapped model (stem, one per block, head)."""
+        return self.model.get_stages()
+
+    def _classify(self, pooled: torch.Tensor, pre_logits: bool) -> torch.Tensor:
+        if self.drop_rate > 0.0:
+            pooled = functional.dropout(pooled, p=self.drop_rate, training=self.training)
+        return pooled if pre_logits else self.model.classifier(pooled)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def get_classifier(self) -> nn.Module:
+        return self.model.classifier
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A new, freshly initialised linear head with `num_classes` outputs (0: no head, features out)."""
+        if global_pool is not None:
+            self._check_global_pool(global_pool)
+        if num_classes < 0:
+            raise ValueError(f"num_classes must be >= 0, got {num_classes}")
+        reference = next(self.model.base_model.parameters())
+        if num_classes > 0:
+            head = nn.Linear(self.num_features, num_classes, device=reference.device, dtype=reference.dtype)
+            with torch.no_grad():
+                nn.init.normal_(head.weight, mean=0.0, std=self.model.config.initializer_range)
+                nn.init.zeros_(head.bias)
+            self.model.config.num_labels = num_classes
+            self.model.num_labels = num_classes
+        else:
+            head = nn.Identity()
+        self.model.classifier = head
+        self.num_classes = num_classes
+
+    def group_matcher(self, coarse: bool = False) -> dict[str, str]:
+        """Parameter groups for timm's layer-wise learning-rate decay: the stem, then one group per block."""
+        base = rf"^model\.{self.model.base_model_prefix}"
+        return {"stem": rf"{base}\.{self.stem}", "blocks": rf"{base}\.encoder\.(\d+)"}
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        if enable:
+            raise NotImplementedError(
+                f"gradient checkpointing is not implemented for {self.family}s (reversible blocks can rebuild their "
+                "inputs instead: see petra_hub's reversible_backprop and petra modes)"
+            )
+
+    def _check_global_pool(self, global_pool: str) -> None:
+        if global_pool != "avg":
+            raise ValueError(f"{self.family}s only support global_pool='avg', got {global_pool!r}")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# loading weights
+
+
+def convert_keys(state_dict: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The keys of a timm model from those of a timm model, a transformers classifier (base model `prefix`, e.g.
+    "revnet"), or a bare base model; `<prefix>.<prefix>.` keys are timm models of petra_hub 0.1.0 (which kept the
+    transformers model under the name `prefix` instead of `model`)."""
+    if any(key.startswith("model.") for key in state_dict):  # timm model
+        return state_dict
+    if any(key.startswith(f"{prefix}.{prefix}.") for key in state_dict):  # timm model saved before the rename
+        return {f"model.{key.removeprefix(f'{prefix}.')}": value for key, value in state_dict.items()}
+    if any(key.startswith((f"{prefix}.", "classifier.")) for key in state_dict):  # transformers classifier
+        return {f"model.{key}": value for key, value in state_dict.items()}
+    return {f"model.{prefix}.{key}": value for key, value in state_dict.items()}  # bare base model
+
+
+def classifier_width(path: str) -> int | None:
+    """Output width of the classifier stored in a safetensors file (read from its header), if any."""
+    if not str(path).endswith(".safetensors"):
+        return None
+    with safe_open(path, framework="pt") as handle:
+        keys = set(handle.keys())
+        for key in ("model.classifier.weight", "revnet.classifier.weight", "classifier.weight"):
+            if key in keys:
+                return int(handle.get_slice(key).get_shape()[0])
+    return None
+
+
+def prepare_pretrained(variant: str, pretrained_cfg, overlay: dict | None, architecture: str) -> dict | None:
+    """Fail clearly when there is nothing to load; return the overlay, completed with the file's head width.
+    `architecture` names the family's architecture arguments for the message (e.g. "stem, hidden_sizes, ...")."""
+    resolved = resolve_pretrained_cfg(variant, pretrained_cfg=pretrained_cfg, pretrained_cfg_overlay=overlay)
+    if not (resolved.file or resolved.url or resolved.hf_hub_id or resolved.state_dict):
+        raise RuntimeError(
+            f"no pretrained weights are published for {variant!r}. Use pretrained=False, or point at a local file: "
+            f"timm.create_model({variant!r}, pretrained=True, pretrained_cfg_overlay=dict(file='.../model.safetensors'"
+            f"), ...) with the architecture arguments ({architecture}) of the saved model"
+        )
+    if resolved.file:
+        if not os.path.isfile(resolved.file):
+            raise FileNotFoundError(f"pretrained weights file {resolved.file!r} does not exist")
+        if overlay is not None and "num_classes" not in overlay:
+            width = classifier_width(resolved.file)
+            if width is not None:
+                overlay = {**overlay, "num_classes": width}
+    return overlay
+
+
+def build(
+    model_cls: type[TimmWrapper],
+    variant: str,
+    pretrained: bool,
+    kwargs: dict[str, Any],
+    *,
+    architecture: str,
+    filter_fn: Callable,
+    cfg_defaults: dict[str, Any] | None = None,
+) -> TimmWrapper:
+    """Build `model_cls(preset=variant, **kwargs)` the timm way, loading local weights when `pretrained`.
+    `cfg_defaults` describe this instance (e.g. its input size) unless the caller's pretrained_cfg_overlay says."""
+    if kwargs.pop("features_only", False):
+        raise NotImplementedError(f"{variant} does not support features_only; use forward_features instead")
+    overlay = kwargs.pop("pretrained_cfg_overlay", None)
+    if pretrained:
+        overlay = prepare_pretrained(variant, kwargs.get("pretrained_cfg"), overlay, architecture)
+    if cfg_defaults:
+        overlay = {**cfg_defaults, **(overlay or {})}
+    return build_model_with_cfg(
+        model_cls,
+        variant,
+        pretrained,
+        pretrained_cfg_overlay=overlay,
+        pretrained_filter_fn=filter_fn,
+        preset=variant,
+        **kwargs,
+    )
