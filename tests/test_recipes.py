@@ -85,7 +85,7 @@ def test_every_paper_recipe_is_there():
 def test_recipe_holds_the_paper_hyper_parameters(config, tmp_path):
     model_args, data_args, args = recipe.parse([str(config), "--output_dir", str(tmp_path)])
     preset, mode, micro_batch, k, lr, weight_decay, epochs, milestones = PAPER[config.stem]
-    assert (model_args.preset, args.petra_mode, args.per_device_train_batch_size) == (preset, mode, micro_batch)
+    assert (model_args.model, args.petra_mode, args.per_device_train_batch_size) == (preset, mode, micro_batch)
     assert args.gradient_accumulation_steps == k and args.petra_scale_lr
     assert args.learning_rate * micro_batch * k / 256 == pytest.approx(lr)
     assert (args.weight_decay, args.num_train_epochs, args.milestones()) == (weight_decay, epochs, milestones)
@@ -113,7 +113,7 @@ def test_cifar10_recipe_runs_on_local_files(tmp_path):
 # -- arguments ---------------------------------------------------------------------------------------------------------
 def test_defaults_are_the_readme_main_job():
     model_args, data_args, args = recipe.parse([])
-    assert (model_args.preset, model_args.hidden_sizes, model_args.embedding_size) == ("revnet18", "16,32,64,128", 16)
+    assert (model_args.model, model_args.hidden_sizes, model_args.embedding_size) == ("revnet18", "16,32,64,128", 16)
     assert data_args.dataset == "digits" and args.output_dir == "outputs/revnet18-digits-petra"
     assert (args.num_train_epochs, args.learning_rate, args.optim, args.optim_args) == (
         12, 0.05, "sgd", "momentum=0.9,nesterov=True")
@@ -122,6 +122,35 @@ def test_defaults_are_the_readme_main_job():
     assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.weight_decay) == (32, 1, 5e-4)
     assert args.do_train and args.do_eval and not args.do_predict and not args.remove_unused_columns
     assert args.seed == 0 and args.petra_mode == "petra" and args.max_grad_norm == 0  # the paper clips nothing
+
+
+def test_model_picks_the_family_and_shapes_it_to_the_data():
+    model_args, _, args = recipe.parse(["--model", "RevViT_Tiny"])
+    assert model_args.model == "revvit-tiny" and args.output_dir == "outputs/revvit-tiny-digits-petra"
+    digits = type("Data", (), {"label_names": list("abc"), "image_size": 16})()
+    config = recipe.build_model(model_args, digits).config
+    assert (config.model_type, config.hidden_size, config.num_hidden_layers, config.num_attention_heads) == (
+        "revvit", 192, 12, 3)  # the RevViT paper's ViT-Ti
+    assert (config.image_size, config.patch_size, config.num_labels) == (16, 4, 3)  # small images: 4x4 patches
+    photos = type("Data", (), {"label_names": list("ab"), "image_size": 224})()
+    assert recipe.build_model(model_args, photos).config.patch_size == 16  # the paper's from 128 pixels
+    model_args, *_ = recipe.parse(["--model", "revvit-small", "--patch_size", "8"])
+    assert recipe.build_model(model_args, digits).config.patch_size == 8
+    assert recipe.parse(["--preset", "revnet34"])[0].model == "revnet34"  # the flag's earlier name
+
+
+def test_flags_that_would_shape_no_model_are_refused():
+    with pytest.raises(ValueError, match=r"--hidden_sizes applies to another model family than --model revvit-tiny "
+                                         r"\(RevViT\), whose own flags are --patch_size"):
+        recipe.parse(["--model", "revvit-tiny", "--hidden_sizes", "8,8,8,8"])
+    with pytest.raises(ValueError, match="--patch_size applies to another model family than --model revnet18"):
+        recipe.parse(["--patch_size", "4"])
+    with pytest.raises(ValueError, match="--stem shapes a new model, but --model_name_or_path 'some/folder' brings"):
+        recipe.parse(["--model_name_or_path", "some/folder", "--stem", "cifar"])
+    with pytest.raises(ValueError, match="--model shapes a new model"):
+        recipe.parse(["--model_name_or_path", "some/folder", "--model", "revnet34"])
+    with pytest.raises(ValueError, match="unknown model 'resnet50'; expected one of revnet18, .*, revvit-tiny"):
+        recipe.parse(["--model", "resnet50"])
 
 
 def test_help_shows_the_recipe_defaults(capsys):
@@ -170,7 +199,7 @@ def test_flags_override_the_file_in_any_order(tmp_path, order):
     flags = ["--num_train_epochs", "1", "--preset", "revnet18"]
     argv = [str(config), *flags] if order == "file_first" else [*flags, str(config)]
     model_args, _, args = recipe.parse(argv)
-    assert (args.num_train_epochs, args.learning_rate, model_args.preset) == (1, 0.2, "revnet18")
+    assert (args.num_train_epochs, args.learning_rate, model_args.model) == (1, 0.2, "revnet18")
 
 
 def test_a_flag_value_ending_in_json_is_not_the_config_file(tmp_path):

@@ -9,6 +9,7 @@ from petra_hub.data import dataset_spec
 from petra_hub.engine.modes import Mode
 from petra_hub.integrations.model_card import (
     NOT_RECORDED,
+    FAMILY_TAGS,
     TAGS,
     TrainingSummary,
     card_data_for,
@@ -52,7 +53,7 @@ def test_card_metadata_and_body_round_trip(tmp_path):
     assert data.license == "apache-2.0"
     assert data.library_name == "transformers"
     assert data.pipeline_tag == "image-classification"
-    assert data.tags == TAGS
+    assert data.tags == TAGS + FAMILY_TAGS["revnet"]
     assert data.datasets == ["uoft-cs/cifar10"]
     assert data.model_name == summary.model_name
     [result] = data.eval_results
@@ -82,7 +83,7 @@ def test_card_without_evaluation_has_no_model_index(tmp_path):
     loaded = ModelCard.load(tmp_path / "README.md")
     assert loaded.data.eval_results is None
     assert loaded.data.datasets is None
-    assert loaded.data.tags == TAGS
+    assert loaded.data.tags == TAGS + FAMILY_TAGS["revnet"]
     assert "`backprop`" in loaded.text and "Pipeline stages (J) | not recorded" in loaded.text
 
 
@@ -139,12 +140,39 @@ def test_preset_spellings_name_the_same_architecture():
     assert "custom RevNet configuration (see `config.json`)" in custom
 
 
-def test_default_template_is_the_packaged_card():
-    path = default_template_path()
-    assert path.name == "revnet.md" and path.is_file()
-    text = path.read_text()
-    assert "import petra_hub  #" not in text  # registration happens on importing the model classes
-    assert "from petra_hub import RevNetForImageClassification" in text
+def test_each_family_has_a_packaged_template_extending_the_shared_card():
+    shared = default_template_path().parent / "card.md"
+    assert "import petra_hub  #" not in shared.read_text()  # registration happens on importing the model classes
+    for model_type in ("revnet", "revvit"):
+        path = default_template_path(model_type)
+        assert path.name == f"{model_type}.md" and path.parent == shared.parent
+        assert path.read_text().startswith('{% extends "card.md" %}')
+    with pytest.raises(FileNotFoundError, match="'bert.md' not found"):
+        default_template_path("bert")
+
+
+def test_a_revvit_card_names_its_family_everywhere(tmp_path):
+    from petra_hub import RevViTConfig
+
+    config = RevViTConfig.from_preset("revvit-small", num_labels=10)
+    summary = full_summary(model_name="revvit-small-cifar10-petra", preset="revvit-small", num_stages=14,
+                           buffered_stages=2, num_parameters=None)
+    text = render_model_card(summary, config=config, repo_id=REPO_ID).text
+    assert "built on **RevViT-S**, a reversible vision" in text
+    assert ("| Architecture | RevViT-S (revvit-small): 12 reversible transformer blocks, width 384 per stream, 6 "
+            "attention heads, MLP 4x, 16x16 patches of 224x224 images (196 tokens) |") in text
+    assert "from petra_hub import RevViTForImageClassification" in text and "RevNet" not in text
+    assert 'RevViTForImageClassification.from_pretrained("user/revnet-test")' in text
+    assert "The patch embedding and the head (2 of this run's 14 pipeline stages) are not reversible" in text
+    assert "title     = \"Reversible Vision Transformers\"" in text and "rivaud2025petra" in text
+    assert card_data_for(summary, config).tags == TAGS + FAMILY_TAGS["revvit"]
+    # without a configuration the preset names the family; a wider model is a custom one
+    from_preset = render_model_card(summary).text
+    assert "from petra_hub import RevViTForImageClassification" in from_preset
+    assert ("| Architecture | RevViT-S (revvit-small): 12 reversible transformer blocks, width 384 per stream, 6 "
+            "attention heads, MLP 4x, 16x16 patches of 224x224 images (196 tokens) |") in from_preset
+    wide = render_model_card(summary, config=RevViTConfig.from_preset("revvit-small", hidden_size=480)).text
+    assert "built on **a custom RevViT (derived from revvit-small)**" in wide
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -211,7 +239,7 @@ def test_create_model_card_fields_reach_the_metadata():
     data = card.data
     assert (data.language, data.license, data.base_model, data.pipeline_tag) == (
         "en", "mit", "org/base", "image-feature-extraction")
-    assert data.tags == TAGS + ["my-tag"]
+    assert data.tags == TAGS + FAMILY_TAGS["revnet"] + ["my-tag"]
     assert data.datasets == ["uoft-cs/cifar10", "org/more"]
     [result, *_] = data.eval_results
     assert (result.task_type, result.dataset_name, result.dataset_type, result.dataset_config) == (

@@ -207,6 +207,7 @@ def test_a_subclass_cannot_turn_a_refused_feature_on_by_default(tmp_path):
         (dict(lr_scheduler_type="cosine", petra_lr_milestones="2,4"), "lr_scheduler_type"),
         (dict(lr_scheduler_type="constant", lr_scheduler_kwargs={"x": 1}, petra_lr_milestones="2"), "lr_scheduler_kwargs"),
         (dict(save_strategy="best", metric_for_best_model="accuracy"), "save_strategy"),
+        (dict(optim="adamw_torch", optim_args="null"), "optim_args"),  # crashed inside Trainer's optimizer setup
     ],
 )  # fmt: skip
 def test_values_an_honoured_field_cannot_take_are_refused(settings, named, tmp_path):

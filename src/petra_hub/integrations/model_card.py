@@ -5,7 +5,8 @@
                               eval_accuracy=0.93)
     write_model_card("out/revnet18-cifar10-petra", summary, repo_id="me/revnet18-cifar10-petra")
 
-The card text comes from a jinja2 template (``model_cards/revnet.md``); its YAML header (license, tags, data sets,
+The card text comes from the jinja2 template of the model's family (``model_cards/revnet.md``,
+``model_cards/revvit.md``, each extending the shared ``model_cards/card.md``); its YAML header (license, tags, data sets,
 ``model-index`` with the evaluated metrics) is built with ``huggingface_hub.ModelCardData``. The words about a mode
 come from :class:`petra_hub.engine.Mode`, those about a data set from :func:`petra_hub.data.dataset_spec`, the
 formatted values and the how-to snippet from :mod:`petra_hub.integrations.model_card_text`.
@@ -19,6 +20,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import jinja2
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from ..data import DatasetSpec, dataset_spec
@@ -28,6 +30,7 @@ from .model_card_text import NOT_RECORDED
 
 __all__ = [
     "NOT_RECORDED",
+    "FAMILY_TAGS",
     "TAGS",
     "TrainingSummary",
     "card_data_for",
@@ -36,8 +39,8 @@ __all__ = [
     "write_model_card",
 ]
 
-TAGS = ["petra", "reversible-network", "revnet", "image-classification", "pipeline-parallel", "petra_hub"]
-TEMPLATE_NAME = "revnet.md"
+TAGS = ["petra", "reversible-network", "image-classification", "pipeline-parallel", "petra_hub"]
+FAMILY_TAGS = {"revnet": ["revnet"], "revvit": ["revvit", "vision-transformer"]}
 DEFAULT_TASK = "image-classification"
 
 
@@ -46,7 +49,7 @@ class TrainingSummary:
     """What a model card reports about a training run. Leave unknown fields as None: they render "not recorded"."""
 
     model_name: str  # e.g. "revnet18-digits-petra"
-    preset: str | None  # "revnet18", "revnet34", "revnet50", "revnet101"; None for a custom configuration
+    preset: str | None  # "revnet18" .. "revnet101", "revvit-tiny" .. "revvit-base"; None for a custom configuration
     dataset: str  # petra_hub.data name ("digits", "cifar10", ...) or the name of any other data set
     dataset_id: str | None = None  # Hub data set id for the metadata, e.g. "uoft-cs/cifar10"
     mode: str = "petra"
@@ -168,9 +171,10 @@ def _unique(values) -> list:
     return seen
 
 
-def card_data_for(summary: TrainingSummary) -> ModelCardData:
+def card_data_for(summary: TrainingSummary, config=None) -> ModelCardData:
     """The YAML metadata of the card: ``model-index`` lists accuracy (first) and the other numeric metrics except
     losses, and exists only when one of them is known."""
+    family = words.family_of(summary.preset, config)
     task = summary.tasks[0] if summary.tasks else DEFAULT_TASK
     dataset_ids = _unique([summary.dataset_id, *summary.dataset_tags])
     eval_results = [
@@ -192,7 +196,7 @@ def card_data_for(summary: TrainingSummary) -> ModelCardData:
         language=summary.language,
         license=summary.license,
         library_name="transformers",
-        tags=_unique([*TAGS, *summary.tags]),
+        tags=_unique([*TAGS, *FAMILY_TAGS[family.model_type], *summary.tags]),
         datasets=dataset_ids or None,
         metrics=[result.metric_type for result in eval_results] or None,
         base_model=summary.base_model,
@@ -209,7 +213,9 @@ def card_data_for(summary: TrainingSummary) -> ModelCardData:
 def _stored_stages_text(summary: TrainingSummary, config) -> str:
     """Which stages keep their input whatever the mode (they are not reversible)."""
     which = "The stem, the downsampling blocks and the head"
-    if config is not None and getattr(config, "downsampling", None) == "invertible":
+    if words.family_of(summary.preset, config).model_type == "revvit":
+        which = "The patch embedding and the head"
+    elif config is not None and getattr(config, "downsampling", None) == "invertible":
         which = "The stem and the head (the invertible downsampling blocks are reversible)"
     if summary.buffered_stages is not None and summary.num_stages is not None:
         which += f" ({summary.buffered_stages} of this run's {summary.num_stages} pipeline stages)"
@@ -219,6 +225,7 @@ def _stored_stages_text(summary: TrainingSummary, config) -> str:
 def _template_variables(summary: TrainingSummary, repo_id: str | None, config=None) -> dict:
     spec = summary.spec()
     mode = Mode.parse(summary.mode)
+    family = words.family_of(summary.preset, config)
     architecture_name, architecture = words.architecture(summary.preset, config)
     label_names = summary.label_names
     if label_names is None and config is not None and getattr(config, "id2label", None):
@@ -249,6 +256,8 @@ def _template_variables(summary: TrainingSummary, repo_id: str | None, config=No
         "model_name": summary.model_name,
         "repo_id": repo_id or f"your-namespace/{summary.model_name}",
         "base_model_link": base_model or "",
+        "model_type": family.model_type,
+        "classifier_class": family.classifier_class.__name__,
         "architecture_name": architecture_name,
         "architecture": architecture,
         "num_parameters": words.parameters_text(summary.num_parameters),
@@ -298,19 +307,20 @@ def _template_variables(summary: TrainingSummary, repo_id: str | None, config=No
 # cards
 
 
-def default_template_path() -> Path:
-    """``model_cards/revnet.md``: packaged with petra_hub if it was installed so, else in the source checkout."""
+def default_template_path(model_type: str = "revnet") -> Path:
+    """``model_cards/<model_type>.md``: packaged with petra_hub if it was installed so, else in the source checkout."""
+    name = f"{model_type}.md"
     candidates = []
     try:
-        candidates.append(Path(str(importlib.resources.files("petra_hub") / "model_cards" / TEMPLATE_NAME)))
+        candidates.append(Path(str(importlib.resources.files("petra_hub") / "model_cards" / name)))
     except (ModuleNotFoundError, TypeError):  # pragma: no cover - petra_hub is always importable here
         pass
-    candidates.append(Path(__file__).resolve().parents[3] / "model_cards" / TEMPLATE_NAME)
+    candidates.append(Path(__file__).resolve().parents[3] / "model_cards" / name)
     for candidate in candidates:
         if candidate.is_file():
             return candidate
     raise FileNotFoundError(
-        f"model card template {TEMPLATE_NAME!r} not found (looked in {', '.join(str(c) for c in candidates)}); "
+        f"model card template {name!r} not found (looked in {', '.join(str(c) for c in candidates)}); "
         "pass template_path="
     )
 
@@ -325,16 +335,20 @@ def render_model_card(
     """Fill the card template with `summary`.
 
     `repo_id` (a Hub id or a local folder) goes into the loading snippets (default "your-namespace/<model_name>");
-    `config` (the model's RevNetConfig) makes the architecture line, the class names and count exact instead of
-    read from the preset and the registry.
+    `config` (the model's RevNetConfig or RevViTConfig) makes the architecture line, the class names and count
+    exact instead of read from the preset and the registry. The default template is that of the model's family;
+    a template may `{% extends %}` or `{% include %}` the files beside it (as the packaged ones extend card.md).
     """
     summary.validate()
-    path = Path(template_path) if template_path is not None else default_template_path()
+    family = words.family_of(summary.preset, config)
+    path = Path(template_path) if template_path is not None else default_template_path(family.model_type)
     if not path.is_file():
         raise FileNotFoundError(f"model card template {str(path)!r} does not exist")
-    return ModelCard.from_template(
-        card_data_for(summary), template_path=str(path), **_template_variables(summary, repo_id, config)
-    )
+    # ModelCard.from_template, with a loader for the templates' {% extends %}
+    template = jinja2.Environment(loader=jinja2.FileSystemLoader(str(path.parent))).get_template(path.name)
+    card_data = card_data_for(summary, config)
+    variables = {**card_data.to_dict(), **_template_variables(summary, repo_id, config)}
+    return ModelCard(template.render(**variables, card_data=card_data.to_yaml()))
 
 
 def write_model_card(

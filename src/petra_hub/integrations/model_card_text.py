@@ -16,7 +16,7 @@ from typing import Any
 
 from ..data import DatasetSpec
 from ..data.sources.digits import SklearnDigits
-from ..models.revnet.configuration_revnet import PRESETS, canonical_preset
+from ..models.families import FAMILIES, ModelFamily, family_of_model_type, family_of_preset
 
 NOT_RECORDED = "not recorded"
 MISSING_CELL = "-"
@@ -97,8 +97,11 @@ def metric_text(key: str, value: Any) -> str:
 
 def architecture(preset: str | None, config=None) -> tuple[str, str]:
     """(short name, one-line description) of the architecture: from `config` when given, else from the preset."""
-    key = canonical_preset(preset) if preset else None
-    paper = PRESETS[key] if key else None
+    family = family_of(preset, config)
+    if family.model_type == "revvit":
+        return _revvit_architecture(family, preset, config)
+    key = family.canonical_preset(preset) if preset else None
+    paper = family.presets[key] if key else None
     if config is not None:
         layout = {"block_type": config.block_type, "depths": list(config.depths),
                   "hidden_sizes": list(config.hidden_sizes)}
@@ -117,6 +120,37 @@ def architecture(preset: str | None, config=None) -> tuple[str, str]:
     if config is not None:
         description += f", {config.stem} stem, {config.downsampling} downsampling"
     return name, (f"{name} ({key}): {description}" if name.startswith("RevNet-") else description)
+
+
+REVVIT_SHORT_NAMES = {"revvit-tiny": "RevViT-Ti", "revvit-small": "RevViT-S", "revvit-base": "RevViT-B"}
+
+
+def _revvit_architecture(family: ModelFamily, preset: str | None, config=None) -> tuple[str, str]:
+    key = family.canonical_preset(preset) if preset else None
+    paper = family.presets[key] if key else None
+    source = config if config is not None else (family.config_class.from_preset(key) if key else None)
+    if source is None:
+        return (preset or "a custom RevViT"), "custom RevViT configuration (see `config.json`)"
+    if paper is not None and all(getattr(source, name) == value for name, value in paper.items()):
+        name = REVVIT_SHORT_NAMES[key]
+    else:
+        name = f"a custom RevViT (derived from {preset})" if preset else "a custom RevViT"
+    description = (
+        f"{source.num_hidden_layers} reversible transformer blocks, width {source.hidden_size} per stream, "
+        f"{source.num_attention_heads} attention heads, MLP {source.mlp_ratio:g}x, {source.patch_size}x"
+        f"{source.patch_size} patches of {source.image_size}x{source.image_size} images ({source.num_patches} tokens)"
+    )
+    return name, (f"{name} ({key}): {description}" if name in REVVIT_SHORT_NAMES.values() else description)
+
+
+def family_of(preset: str | None, config=None) -> ModelFamily:
+    """The model family of a card: the configuration's, else the preset's; RevNet when neither tells."""
+    if config is not None and family_of_model_type(getattr(config, "model_type", None)) is not None:
+        return family_of_model_type(config.model_type)
+    try:
+        return family_of_preset(preset)[0] if preset else FAMILIES["revnet"]
+    except ValueError:
+        return FAMILIES["revnet"]
 
 
 def is_sklearn_digits(spec: DatasetSpec | None) -> bool:

@@ -110,6 +110,9 @@ class PetraTrainingArguments(TrainingArguments):
         if self.petra_gradient_fidelity_steps < 0:
             raise ValueError(f"petra_gradient_fidelity_steps must be >= 0 (0: off), got {self.petra_gradient_fidelity_steps}")
         self.milestones()
+        if self.optim_args and any(pair.count("=") != 1 for pair in self.optim_args.replace(" ", "").split(",")):
+            raise ValueError(f"optim_args={self.optim_args!r}: expected comma-separated key=value pairs (e.g. "
+                             "'momentum=0.9,nesterov=True'), or empty for the optimizer's defaults")
         check_supported(self)
         if not torch.cuda.is_available():
             self.use_cpu = True

@@ -30,7 +30,7 @@ from transformers.hf_argparser import string_to_bool
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy, SchedulerType, get_last_checkpoint
 from transformers.training_args import OptimizerNames
 
-from ..models.revnet import PRESETS, RevNetConfig, RevNetForImageClassification
+from ..models.families import FAMILIES, family_of_model_type, family_of_preset, preset_names
 from .arguments import PetraTrainingArguments
 from .recipe_data import DataArguments, RecipeData, load_data
 from .trainer import PetraTrainer
@@ -54,20 +54,32 @@ CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 class ModelArguments:
     model_name_or_path: str | None = field(
         default=None,
-        metadata={"help": "A saved RevNet folder (or Hub id) to fine-tune; default: a new model from --preset."},
+        metadata={"help": "A saved RevNet or RevViT folder (or Hub id) to fine-tune; default: a new --model."},
     )
     ignore_mismatched_sizes: bool = field(
         default=False, metadata={"help": "Fine-tuning: a new classification head when the number of labels differs."}
     )
-    preset: str = field(default="revnet18", metadata={"help": "A new model: " + ", ".join(PRESETS)})
-    stem: str | None = field(default=None, metadata={"help": "cifar or imagenet; default: imagenet from 128 pixels"})
-    downsampling: str = field(default="buffered", metadata={"help": "buffered (the paper) or invertible"})
+    model: str = field(
+        default="revnet18", metadata={"help": "A new model: " + ", ".join(preset_names()), "aliases": ["--preset"]}
+    )
+    stem: str | None = field(
+        default=None, metadata={"help": "RevNet: cifar or imagenet; default: imagenet from 128 pixels"}
+    )
+    downsampling: str = field(default="buffered", metadata={"help": "RevNet: buffered (the paper) or invertible"})
     hidden_sizes: str | None = field(
-        default="16,32,64,128", metadata={"help": "Per-stream widths; 'paper' or null for the preset's."}
+        default="16,32,64,128", metadata={"help": "RevNet: per-stream widths; 'paper' or null for the preset's."}
     )
     embedding_size: int | None = field(
-        default=16, metadata={"help": "Stem width per stream; 0 or null for the preset's."}
+        default=16, metadata={"help": "RevNet: stem width per stream; 0 or null for the preset's."}
     )
+    patch_size: int | None = field(
+        default=None, metadata={"help": "RevViT: patch side; default: the preset's 16 from 128 pixels, else 4"}
+    )
+
+
+# The flags that shape a new model, by family: refused for the other family and with --model_name_or_path.
+ARCHITECTURE_FLAGS = {"revnet": ("stem", "downsampling", "hidden_sizes", "embedding_size"), "revvit": ("patch_size",)}
+CONFIG_ALIASES = {"preset": "model"}  # config-file keys of earlier releases
 
 
 def _recipe_default(name: str, value):
@@ -143,6 +155,7 @@ def _read_config_file(parser: HfArgumentParser, path: str) -> dict:
     values = {} if values is None else values
     if not isinstance(values, dict):
         raise ValueError(f"{path}: expected a mapping of argument names to values, got {type(values).__name__}")
+    values = {CONFIG_ALIASES.get(key, key): value for key, value in values.items()}
     known = _field_names(parser)
     unknown = [key for key in values if key not in known]
     if unknown:
@@ -173,7 +186,38 @@ def parse(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments,
     values.update({key: value for key, value in vars(given).items() if value is not _UNSET})
     if values.get("do_eval") is False and "eval_strategy" not in values:
         values["eval_strategy"] = "no"  # turning evaluation off turns off the recipe's default per-epoch evaluation
-    return parser.parse_dict(values)
+    check_architecture_flags(values)
+    model_args, data_args, training_args = parser.parse_dict(values)
+    if "output_dir" not in values:  # name the folder after what it will hold
+        training_args.output_dir = default_output_dir(model_args, data_args, training_args)
+    return model_args, data_args, training_args
+
+
+def default_output_dir(model_args: ModelArguments, data_args: DataArguments, args: PetraTrainingArguments) -> str:
+    """outputs/<model>-<data>-<mode>, e.g. outputs/revnet18-digits-petra (the default run's)."""
+    model = model_args.model_name_or_path or model_args.model
+    data = data_args.dataset_name or data_args.train_dir or data_args.dataset
+    name = "-".join(os.path.basename(os.path.normpath(str(part))) for part in (model, data))
+    return f"outputs/{name}-{args.petra_mode}"
+
+
+def check_architecture_flags(values: dict) -> None:
+    """Refuse the flags that would shape no model: another family's, or any with --model_name_or_path."""
+    given = [key for flags in ARCHITECTURE_FLAGS.values() for key in flags if values.get(key) is not None]
+    if values.get("model_name_or_path"):
+        given += ["model"] if "model" in values else []
+        if given:
+            raise ValueError(
+                f"--{given[0]} shapes a new model, but --model_name_or_path {values['model_name_or_path']!r} brings "
+                "its own architecture: drop the flag, or drop --model_name_or_path to train a new model"
+            )
+        return
+    family, values["model"] = family_of_preset(values.get("model", ModelArguments.model))
+    foreign = [key for key in given if key not in ARCHITECTURE_FLAGS[family.model_type]]
+    if foreign:
+        raise ValueError(f"--{foreign[0]} applies to another model family than --model {values['model']} "
+                         f"({family.title}), whose own flags are "
+                         f"{', '.join('--' + key for key in ARCHITECTURE_FLAGS[family.model_type])}")
 
 
 def resolve_checkpoint(value, output_dir: str) -> str | None:
@@ -199,21 +243,37 @@ def _label_maps(label_names: list[str]) -> dict:
 
 
 def pretrained_config(model_args: ModelArguments):
-    """The configuration of `--model_name_or_path`; a ValueError unless it is a RevNet."""
+    """The configuration of `--model_name_or_path`; a ValueError unless petra_hub knows its family."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_args.model_name_or_path)
-    if getattr(config, "model_type", None) != "revnet":
+    if family_of_model_type(getattr(config, "model_type", None)) is None:
         raise ValueError(
             f"--model_name_or_path {model_args.model_name_or_path!r} holds a {getattr(config, 'model_type', '?')!r} "
-            "model; PETRA trains reversible networks: give a RevNet folder (model_type 'revnet'), or leave it unset "
-            "and pick --preset"
+            f"model; PETRA trains reversible networks: give a folder of model_type {' or '.join(map(repr, FAMILIES))}"
+            ", or leave it unset and pick --model"
         )
     return config
 
 
-def build_model(model_args: ModelArguments, data: RecipeData) -> RevNetForImageClassification:
-    """A new RevNet from the preset (stem from the image size), or the pretrained one with the data's labels."""
+def _new_config(model_args: ModelArguments, data: RecipeData):
+    """The configuration of a new --model, adapted to the data's image size (RevNet stem, RevViT patch)."""
+    family, preset = family_of_preset(model_args.model)
+    small_images = data.image_size < 128
+    if family.model_type == "revvit":
+        patch = model_args.patch_size or (4 if small_images else family.config_class().patch_size)
+        return family.config_class.from_preset(preset, image_size=data.image_size, patch_size=patch)
+    overrides = {"downsampling": model_args.downsampling, "stem": model_args.stem or ("cifar" if small_images
+                                                                                       else "imagenet")}
+    if model_args.hidden_sizes and model_args.hidden_sizes != "paper":
+        overrides["hidden_sizes"] = [int(width) for width in str(model_args.hidden_sizes).split(",")]
+    if model_args.embedding_size:
+        overrides["embedding_size"] = model_args.embedding_size
+    return family.config_class.from_preset(preset, **overrides)
+
+
+def build_model(model_args: ModelArguments, data: RecipeData):
+    """A new model from --model (shaped to the data), or the pretrained one with the data's labels."""
     labels = _label_maps(data.label_names)
     if model_args.model_name_or_path:
         config = pretrained_config(model_args)
@@ -222,19 +282,13 @@ def build_model(model_args: ModelArguments, data: RecipeData) -> RevNetForImageC
                 f"{model_args.model_name_or_path!r} classifies {config.num_labels} labels, the data has "
                 f"{labels['num_labels']}: pass --ignore_mismatched_sizes to train a new classification head"
             )
-        return RevNetForImageClassification.from_pretrained(
+        return family_of_model_type(config.model_type).classifier_class.from_pretrained(
             model_args.model_name_or_path, ignore_mismatched_sizes=model_args.ignore_mismatched_sizes, **labels
         )
-    overrides = {"downsampling": model_args.downsampling,
-                 "stem": model_args.stem or ("imagenet" if data.image_size >= 128 else "cifar")}
-    if model_args.hidden_sizes and model_args.hidden_sizes != "paper":
-        overrides["hidden_sizes"] = [int(width) for width in str(model_args.hidden_sizes).split(",")]
-    if model_args.embedding_size:
-        overrides["embedding_size"] = model_args.embedding_size
-    config = RevNetConfig.from_preset(model_args.preset, **overrides)
+    config = _new_config(model_args, data)
     for key, value in labels.items():
         setattr(config, key, value)
-    return RevNetForImageClassification(config)
+    return family_of_model_type(config.model_type).classifier_class(config)
 
 
 def accuracy(prediction) -> dict[str, float]:
