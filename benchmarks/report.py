@@ -206,7 +206,7 @@ def throughput_run(r, arg=None):
                   f"{w}/{2 * w}/{4 * w}/{8 * w}, {size}x{size} random images ({mib(one['image_bytes'])} MiB per "
                   f"micro-batch), 10 classes, micro-batch {s['batch']}, float32"],
         ["optimizer", f"SGD (lr {s['lr']:g}, momentum 0.9): after every micro-batch for the engine modes (k = 1), "
-                      "after every `step()` for 1F1B"],
+                      "after every `step()` for torch's schedules"],
         ["timing", f"N = {s['micro_batches']} micro-batches per window, {s['repeats']} windows per method"],
         ["load average (1, 5, 15 min) at start / after part 1 / at the end", " / ".join(r["loads"])],
         ["malloc", malloc],
@@ -358,6 +358,107 @@ def throughput_summary(r, arg=None):
          ms_of, " / ".join(f"{f['vs'][name]:.2f}x" for name in names)],
     ]  # fmt: skip
     return table(["method", "ms / micro-batch", "PETRA faster by"], rows)
+
+
+NOT_MEASURED = (
+    "_Not in these results: they predate the rivals and their memory measurement (`python "
+    "benchmarks/throughput.py` measures them)._"
+)
+CHECKPOINTING = {"torch": "`torch.utils.checkpoint`", "once": "recompute once", None: "off"}
+ENGINE_ROWS = {
+    "petra": "PETRA (`mode=\"petra\"`, k = 1), steady state",
+    "reversible_backprop": "naive MP: engine `reversible_backprop`",
+    "backprop": "naive MP: engine `backprop`",
+}
+
+
+def rival_records(r) -> list[dict] | None:
+    """The torch schedules of a throughput run with their memory (None for runs made before they were measured)."""
+    return multi_process(r).get("rivals")
+
+
+def throughput_chunks(r, arg=None):
+    chunks, layout = r.get("chunks"), r["one"]["layout"]
+    if chunks is None:
+        return NOT_MEASURED
+    if "loop" not in chunks:
+        return f"_No 2W chunks: {len(layout)} stages cannot fill {2 * len(r['partition'])} chunks._"
+    sizes, rows = chunks["loop"]["sizes"], []
+    for c, size in enumerate(sizes):
+        start = sum(sizes[:c])
+        stages = f"{start}-{start + size - 1} ({' '.join(layout[start : start + size])})"
+        rows.append([c, stages, chunks["loop"]["ranks"][c], chunks["v"]["ranks"][c]])
+    header = ["chunk c", "stages", "rank, interleaved schedules (c mod W)",
+              "rank, V schedules (c and 2W-1-c on rank c)"]  # fmt: skip
+    return table(header, rows, "llrr")
+
+
+def rival_peak(r, record) -> int:
+    """The largest per-rank activation peak of a torch schedule's setting, or of an engine mode (a name)."""
+    if isinstance(record, str):
+        return max(multi_process(r)["info"]["activation_peak_bytes"][record])
+    return max(record["peak_bytes"])
+
+
+def throughput_rivals(r, arg=None):
+    records = rival_records(r)
+    if records is None:
+        return NOT_MEASURED
+    f, peaks = figures(r), multi_process(r)["info"]["activation_peak_bytes"]
+
+    def timing(name):
+        median, low, high = summary(need(f["times"], name))
+        return [ms(median), ms(low), ms(high), f"{f['med']['petra'] / median:.2f}"]
+
+    rows = [[label, "-", "-", *timing(mode), " / ".join(map(mib, peaks[mode])), mib(max(peaks[mode])), "-"]
+            for mode, label in ENGINE_ROWS.items()]  # fmt: skip
+    for record in records:
+        head = [f"`{record['torch_class']}`", CHECKPOINTING[record["checkpointing"]], record["m"]]
+        if record["status"] != "measured":
+            rows.append(head + ["-"] * 6 + ["not applicable: " + record["reason"].replace("|", "\\|")])
+            continue
+        forwards = " / ".join(", ".join(f"{x:g}" for x in rank) for rank in record["forwards_per_micro_batch"])
+        rows.append(head + timing(record["key"]) + [" / ".join(map(mib, record["peak_bytes"])),
+                                                    mib(max(record["peak_bytes"])), forwards])  # fmt: skip
+    ranks = " / ".join(map(str, range(len(r["partition"]))))
+    header = ["method", "checkpointing", "m", "ms / micro-batch", "min", "max", "PETRA time / its time",
+              f"peak activation MiB, rank {ranks}", "largest rank (MiB)",
+              f"forwards per micro-batch of each local chunk, rank {ranks}"]  # fmt: skip
+    return table(header, rows, "lllrrrrrrl")
+
+
+def throughput_equal_memory(r, arg=None):
+    records = rival_records(r)
+    if records is None:
+        return NOT_MEASURED
+    f = figures(r)
+    budget = rival_peak(r, "petra")
+    options = {ENGINE_ROWS[mode]: [("-", rival_peak(r, mode), f["med"][mode])]
+               for mode in ("reversible_backprop", "backprop")}  # fmt: skip
+    for record in records:
+        if record["status"] == "measured":
+            setting = f"{CHECKPOINTING[record['checkpointing']]}, m = {record['m']}"
+            options.setdefault(f"`{record['torch_class']}`", []).append(
+                (setting, rival_peak(r, record), need(f["med"], record["key"])))
+
+    def cells(option):
+        setting, peak, seconds = option
+        return [setting, mib(peak), ms(seconds), f"**{f['med']['petra'] / seconds:.2f}**"]
+
+    rows = []
+    for label, settings in options.items():
+        within = [option for option in settings if option[1] <= budget]
+        if within:
+            fitting = cells(min(within, key=lambda option: option[2]))
+        else:
+            smallest = min(settings, key=lambda option: option[1])
+            fitting = [f"none (smallest: {mib(smallest[1])} MiB, {smallest[0]})", "-", "-", "-"]
+        rows.append([label, *fitting, *cells(min(settings, key=lambda option: option[2]))[:3],
+                     f"{f['med']['petra'] / min(option[2] for option in settings):.2f}"])  # fmt: skip
+    header = [f"rival (PETRA: {mib(budget)} MiB, {ms(f['med']['petra'])} ms / micro-batch)",
+              "fastest setting within PETRA's memory", "its peak (MiB)", "ms / micro-batch", "PETRA time / its time",
+              "fastest setting, any memory", "its peak (MiB)", "ms / micro-batch", "PETRA time / its time"]  # fmt: skip
+    return table(header, rows, "llrrrlrrr")
 
 
 # -- accuracy --------------------------------------------------------------------------------------------------------
@@ -648,6 +749,9 @@ RENDERERS = {
         "memory": throughput_memory,
         "one-process": throughput_one_process,
         "one-process-ratio": throughput_one_process_ratio,
+        "chunks": throughput_chunks,
+        "rivals": throughput_rivals,
+        "equal-memory": throughput_equal_memory,
     },
     "accuracy_digits": {"summary": accuracy_summary, "main": accuracy_main, "table4": accuracy_table4},
     "fidelity": {"main": fidelity_main, "summary": fidelity_summary},

@@ -1,13 +1,16 @@
-"""Throughput of PETRA against naive model parallelism and torch.distributed.pipelining's 1F1B, on CPU.
+"""Throughput of PETRA against naive model parallelism and torch.distributed.pipelining's schedules, on CPU.
 
-    python benchmarks/throughput.py            # full run (about 12 min): benchmarks/results/throughput.json
-    python benchmarks/throughput.py --quick    # tiny model and windows (about 1 min): throughput-quick.json
+    python benchmarks/throughput.py            # full run: benchmarks/results/throughput.json
+    python benchmarks/throughput.py --quick    # tiny model and windows (a few minutes): throughput-quick.json
 
 Part 1, one process: per-stage CPU cost under PETRA (balances the partition), per-stage memory figures, PETRA
-against a plain backprop loop. Part 2, a gloo group of 2 processes (`--num-processes W`): PETRA (steady state, and from empty to
-drained), the engine's synchronous `reversible_backprop` and `backprop` (naive model parallelism), and
-`Schedule1F1B` with checkpointed stages. Timing windows of all methods are interleaved, repetition after
-repetition. What is compared and why: docs/benchmarks-throughput.md; tables: `python benchmarks/report.py`.
+against a plain backprop loop. Part 2, a gloo group of 2 processes (`--num-processes W`): PETRA (steady state, and
+from empty to drained), the engine's synchronous `reversible_backprop` and `backprop` (naive model parallelism),
+and torch's `Schedule1F1B`, `ScheduleInterleaved1F1B`, `ScheduleInterleavedZeroBubble`, `ScheduleZBVZeroBubble`
+and `ScheduleDualPipeV`, each with and without activation checkpointing, at every `--pp-microbatches` m
+(benchmarks/rivals.py); the peak activation memory per rank of every method, measured on fresh copies. Timing
+windows of all methods are interleaved, repetition after repetition. What is compared and why:
+docs/benchmarks-throughput.md; tables: `python benchmarks/report.py`.
 """
 
 from __future__ import annotations
@@ -32,10 +35,12 @@ os.environ.update(SINGLE_THREAD_ENV)  # one thread, here and in the children: be
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from torch import nn  # noqa: E402
 
 from common import add_out_argument, build_model, cross_entropy, feed, load_average, make_pipeline  # noqa: E402
 from common import progress, random_batches, results_path, revnet_config, sgd, tensors_of, write_results  # noqa: E402
+from rivals import SCHEDULES, allocation_peak, build_rivals, chunk_layout, contiguous_split  # noqa: E402
+from rivals import Part  # noqa: E402, F401 (timeline.py imports it from here)
+from rivals import measure_all  # noqa: E402
 from petra_hub.engine import stage_layout  # noqa: E402
 from petra_hub.engine.accounting import graph_bytes, nbytes  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH, RECIPE_WIDTH  # noqa: E402
@@ -53,8 +58,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument(
-        "--pp-microbatches", type=str, default=None, help="n_microbatches for Schedule1F1B (default 2,8,18; quick: 2,4)"
+        "--pp-microbatches", type=str, default=None,
+        help="n_microbatches for every torch schedule (default 2,8,18; quick: 2,4)",
     )
+    parser.add_argument(
+        "--rivals", type=str, default="all",
+        help=f"torch schedules run with and without checkpointing, besides checkpointed Schedule1F1B: 'all', 'none' "
+             f"or some of {','.join(SCHEDULES)}",
+    )  # fmt: skip
     parser.add_argument("--partition", type=str, default=None, help="stages per rank, e.g. 4,6 (default: balanced)")
     parser.add_argument("--num-processes", type=int, default=2, help="pipeline processes in part 2 (default 2)")
     parser.add_argument("--lr", type=float, default=0.01)
@@ -71,6 +82,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.width = args.width or (QUICK_WIDTH if quick else RECIPE_WIDTH)
     args.pp_microbatches = [int(m) for m in (args.pp_microbatches or ("2,4" if quick else "2,8,18")).split(",")]
     args.partition = [int(p) for p in args.partition.split(",")] if args.partition else None
+    asked = {"all": list(SCHEDULES), "none": []}.get(args.rivals, [r for r in args.rivals.split(",") if r])
+    if set(asked) - set(SCHEDULES):
+        parser.error(f"--rivals: unknown {sorted(set(asked) - set(SCHEDULES))}; known: {', '.join(SCHEDULES)}")
+    args.rivals = [name for name in SCHEDULES if name in asked]
     if args.repeats < 1 or args.micro_batches < 1 or args.batch < 2 or args.width < 1:
         parser.error("--repeats, --micro-batches, --width must be >= 1 and --batch >= 2 (batch norm)")
     if args.num_processes < 2:
@@ -172,29 +187,6 @@ def one_process_job(rank, world_size, settings):
 
 
 # -- part 2: two processes -----------------------------------------------------------------------------------------
-class Part(nn.Module):
-    """A contiguous group of RevNet stages as one `PipelineStage` submodule, checkpointed as a whole.
-
-    The two streams cross the boundary as one tensor (concatenated on channels, split on arrival), which is the
-    simplest thing `PipelineStage` accepts; the engine flattens its messages the same way."""
-
-    def __init__(self, stages, first: bool, last: bool):
-        super().__init__()
-        self.body = nn.ModuleList(stages)
-        self.first, self.last = first, last
-
-    def run(self, x):
-        value = x if self.first else tuple(t.contiguous() for t in x.chunk(2, dim=1))
-        for stage in self.body:
-            value = stage(value)
-        return value if self.last else torch.cat(value, dim=1)
-
-    def forward(self, x):
-        from torch.utils.checkpoint import checkpoint
-
-        return checkpoint(self.run, x, use_reentrant=False)
-
-
 def all_values(value) -> list:
     values = [None] * dist.get_world_size()
     dist.all_gather_object(values, value)
@@ -219,9 +211,20 @@ def bare_exchange(rank, numel: int, copies: int, repeats: int = 20) -> float:
     return statistics.median(times)
 
 
-def multi_process_job(rank, world_size, settings, partition, boundary_numel, copies):
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+def engine_peak(settings, mode, partition, batches) -> int:
+    """Activation memory at its peak (`rivals.allocation_peak`) on a fresh pipeline: PETRA from empty through twice
+    its fill and the drain (its steady state included), a synchronous mode over 3 micro-batches."""
+    pipeline = engine(settings, mode, partition=partition)
+    count = 2 * pipeline.schedule.latency if mode == "petra" else 3
 
+    def work():
+        feed(pipeline, batches, count)
+        pipeline.drain()
+
+    return allocation_peak(work, [p for stage in pipeline.stages for p in stage.parameters()])
+
+
+def multi_process_job(rank, world_size, settings, partition, boundary_numel, copies, layout):
     torch.manual_seed(0)
     batches = batches_for(settings)
     n = settings.micro_batches
@@ -232,6 +235,9 @@ def multi_process_job(rank, world_size, settings, partition, boundary_numel, cop
     info = {"threads": torch.get_num_threads(), "world_size": dist.get_world_size(), "backend": dist.get_backend()}
     # the messages of one tick alone, between the two ranks (measured for 2 processes only)
     info["bare_exchange"] = all_values(bare_exchange(rank, boundary_numel, copies)) if world_size == 2 else None
+
+    peaks = {mode: all_values(engine_peak(settings, mode, partition, batches))
+             for mode in ("petra", "reversible_backprop", "backprop")}  # fmt: skip
 
     # engine pipelines, one per method, each with its own copy of the model: "petra" runs continuously (steady
     # state), "petra_drain" goes from empty to drained in every window
@@ -258,33 +264,12 @@ def multi_process_job(rank, world_size, settings, partition, boundary_numel, cop
         held = max(held, sum(s.activation_bytes for s in petra.memory().values()))
     info["petra_held_bytes"] = all_values(held)  # and "petra" stays filled from here on
 
-    # torch.distributed.pipelining: one PipelineStage per rank, Schedule1F1B, checkpointed stages
-    local = petra.placement.groups[rank]
-    schedules, pp_optimizers = {}, {}
-    for m in settings.pp_microbatches:  # one model copy, stage and schedule per n_microbatches
-        stages = revnet18(settings).get_stages()
-        part = Part(stages[local.start : local.stop], first=rank == 0, last=rank == world_size - 1)
-        part.train()
-        pp_optimizers[m] = sgd(part, settings.lr)
-        schedules[m] = Schedule1F1B(
-            PipelineStage(part, rank, world_size, torch.device("cpu")), n_microbatches=m, loss_fn=cross_entropy
-        )
-
-    def pp_step(m, first_micro_batch):
-        chosen = [batches[(first_micro_batch + i) % len(batches)] for i in range(m)]
-        if rank == 0:
-            schedules[m].step(arg_mbs=[(images,) for images, _ in chosen], kwarg_mbs=[{}] * m)
-        elif rank == world_size - 1:
-            targets = [labels for _, labels in chosen]
-            schedules[m].step(target_mbs=targets, arg_mbs=[()] * m, kwarg_mbs=[{}] * m, losses=[], return_outputs=False)
-        else:
-            schedules[m].step(arg_mbs=[()] * m, kwarg_mbs=[{}] * m)
-        pp_optimizers[m].step()
-        pp_optimizers[m].zero_grad(set_to_none=True)
-
-    for m in settings.pp_microbatches:  # warm-up (shape inference on the first step)
-        pp_step(m, 0)
-        pp_step(m, m)
+    # torch.distributed.pipelining: every schedule and setting on its own model copy (rivals.py); each measured
+    # fresh (memory, recomputations), then warmed up
+    rivals = build_rivals(settings, lambda: revnet18(settings).get_stages(), layout, rank, world_size, cross_entropy,
+                          lambda module: sgd(module, settings.lr))  # fmt: skip
+    records, measured = measure_all(rivals, batches, all_values)
+    info["activation_peak_bytes"] = peaks
 
     def window(name, work, micro_batches, pipeline=None):
         dist.barrier()
@@ -306,12 +291,15 @@ def multi_process_job(rank, world_size, settings, partition, boundary_numel, cop
         window("petra", lambda: run("petra", n, drain=False), n, petra)  # N more through the full pipeline
         for name in ("petra_drain", "reversible_backprop", "backprop"):  # N micro-batches from empty to drained
             window(name, lambda name=name: run(name, n), n, engines[name])
-        for m in settings.pp_microbatches:
-            steps = math.ceil(n / m)
-            window(f"1f1b_m{m}", lambda m=m, steps=steps: [pp_step(m, s * m) for s in range(steps)], steps * m)
+        for key, rival in measured.items():  # whole steps of m micro-batches, at least N in all
+            steps = math.ceil(n / rival.m)
+            window(key, lambda rival=rival, steps=steps: [rival.step(batches, s * rival.m) for s in range(steps)],
+                   steps * rival.m)  # fmt: skip
         if rank == 0:
-            line = ", ".join(f"{name} {1e3 * values[-1]:.1f}" for name, values in results.items())
-            progress(f"{world_size} processes, repetition {repeat + 1}/{settings.repeats} (ms per micro-batch): {line}")
+            line = ", ".join(f"{name} {1e3 * results[name][-1]:.1f}" for name in [*modes, *measured][:6])
+            fastest = min(measured, key=lambda key: results[key][-1])
+            progress(f"{world_size} processes, repetition {repeat + 1}/{settings.repeats} (ms per micro-batch): "
+                     f"{line}, ...; fastest torch schedule {fastest} {1e3 * results[fastest][-1]:.1f}")  # fmt: skip
 
     petra.drain()
     # sanity: every micro-batch fed was backpropagated and applied (k = 1) at every local stage
@@ -319,16 +307,12 @@ def multi_process_job(rank, world_size, settings, partition, boundary_numel, cop
         for index, counters in pipeline.counters().items():
             if not counters.forwards == counters.backwards == counters.updates == fed[name]:
                 raise RuntimeError(f"{name}, stage {index}: {counters} after {fed[name]} micro-batches")
-    info["local_stages"] = list(local)
-    return {"times": dict(results), "exchange": dict(exchange), "cpu": dict(cpu), "faults": dict(faults), "info": info}
+    info["local_stages"] = list(petra.placement.groups[rank])
+    return {"times": dict(results), "exchange": dict(exchange), "cpu": dict(cpu), "faults": dict(faults), "info": info,
+            "rivals": records}  # fmt: skip
 
 
-def balanced_partition(costs: list[float], ranks: int) -> list[int]:
-    """The contiguous split of the stages over `ranks` minimising the largest group's cost (`Placement.auto`)."""
-    from petra_hub.engine import Placement, StageCost
-
-    placement = Placement.auto([StageCost(cost, 0.0, 0.0, 0, 0, 0) for cost in costs], ranks)
-    return [len(group) for group in placement.groups]
+balanced_partition = contiguous_split  # the W-way split of the stages (Placement.auto), by part 1's costs
 
 
 def main(argv=None) -> dict:
@@ -348,10 +332,11 @@ def main(argv=None) -> dict:
     progress(f"partition {partition} (per-stage CPU ms {[round(c, 1) for c in one['stage_ms']]})")
     loads.append(load_average())
 
-    progress(f"part 2, {processes} processes: PETRA, naive model parallelism, Schedule1F1B")
+    chunks = chunk_layout(one["stage_ms"], partition, processes)
+    progress(f"part 2, {processes} processes: PETRA, naive model parallelism, torch's schedules; chunks {chunks}")
     boundary_numel = one["output_bytes"][partition[0] - 1] // 4  # float32 activation leaving rank 0
     copies = 2 if layout[partition[0] - 1] == "R" else 1  # PETRA returns x with dx from a reversible stage
-    multi = launch(multi_process_job, processes, settings, partition, boundary_numel, copies, env=env)
+    multi = launch(multi_process_job, processes, settings, partition, boundary_numel, copies, chunks, env=env)
     loads.append(load_average())
 
     return write_results(
@@ -364,6 +349,7 @@ def main(argv=None) -> dict:
         loads=loads,
         elapsed_s=time.time() - started,
         partition=partition,
+        chunks=chunks,
         one=one,
         multi=multi[0],
     )
