@@ -5,10 +5,12 @@
     python benchmarks/accuracy_digits.py --quick     # 1 seed, 1 epoch (~1 min): accuracy_digits-quick.json
     python benchmarks/accuracy_digits.py --configs backprop petra-k2 --seeds 0 1 2 3 4 --out out.json
     python benchmarks/accuracy_digits.py --configs petra-k1 petra-k1@bf16 --baseline petra-k1 --out out.json
+    python benchmarks/accuracy_digits.py --model revvit-tiny --configs backprop reversible_backprop petra --seeds 0
 
 Every run is the recipe's `run(argv)` (`recipes/train_revnet.py`, loaded with `runpy`) in this process, one after
 the other, one intra-op thread; only the mode and k change, and the learning rate follows the paper's linear
-scaling (lr = 0.4 * 32 * k / 256). A configuration is `MODE` or `MODE-kN` (e.g. `petra-k4`, `delayed`,
+scaling (lr = 0.4 * 32 * k / 256); `--model revvit-tiny` trains the RevViT of `recipes/configs/digits_revvit_tiny.yaml`
+(AdamW, its own learning rate, 30 epochs by default) instead of the recipe's RevNet18. A configuration is `MODE` or `MODE-kN` (e.g. `petra-k4`, `delayed`,
 `backprop-k2`), optionally with `+REMEDY` (one of `REMEDIES`, e.g. `petra-k1+predict`) and `@PRECISION` (one of
 `PRECISIONS`, e.g. `petra-k1@bf16`). Setup and discussion:
 docs/benchmarks-accuracy.md and docs/benchmarks-precision.md; tables: `python benchmarks/report.py`.
@@ -42,6 +44,11 @@ from common import add_out_argument, load_average, progress, results_path, write
 from petra_hub.engine import Mode  # noqa: E402
 
 RECIPE = HERE.parent / "recipes" / "train_revnet.py"
+# The models compared, by name: the recipe arguments that pick one, its learning rate, and its default epochs.
+MODELS = {
+    "revnet18": ([], 12.0),  # the recipe's default model, with --learning_rate BASE_LR and --petra_scale_lr
+    "revvit-tiny": ([str(HERE.parent / "recipes" / "configs" / "digits_revvit_tiny.yaml")], 30.0),
+}
 
 DEFAULT_CONFIGS = ["backprop", "reversible_backprop", "delayed", "petra-k1", "petra-k2", "petra-k4"]
 MODES = tuple(Mode.names())
@@ -104,7 +111,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--configs", nargs="+", type=config_name, default=None, help=f"default: {' '.join(DEFAULT_CONFIGS)}"
     )
     parser.add_argument("--seeds", nargs="+", type=int, default=None, help="default 0 1 2 (quick: 0)")
-    parser.add_argument("--epochs", type=float, default=None, help="default 12 (quick: 1)")
+    parser.add_argument("--model", choices=list(MODELS), default="revnet18", help="default revnet18")
+    parser.add_argument("--epochs", type=float, default=None, help="default 12, revvit-tiny 30 (quick: 1)")
     parser.add_argument(
         "--num-stages", type=int, default=None, help="pipeline stages J (--petra_num_stages); default: the model's 10"
     )
@@ -117,7 +125,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.configs = args.configs or list(DEFAULT_CONFIGS)
     args.seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
-    args.epochs = args.epochs if args.epochs is not None else (1.0 if args.quick else 12.0)
+    args.epochs = args.epochs if args.epochs is not None else (1.0 if args.quick else MODELS[args.model][1])
     if len(set(args.configs)) != len(args.configs):
         parser.error("a configuration is listed twice")
     return args
@@ -125,16 +133,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def recipe_argv(
     mode: str, k: int, seed: int, epochs: float, output_dir: str, num_stages: int | None = None,
-    precision: str = "fp32", remedy: str = "none",
+    precision: str = "fp32", remedy: str = "none", model: str = "revnet18",
 ) -> list[str]:
     stages = ["--petra_num_stages", str(num_stages)] if num_stages else []
-    return stages + PRECISIONS[precision] + REMEDIES[remedy] + [
+    recipe, _ = MODELS[model]
+    learning_rate = [] if recipe else ["--learning_rate", str(BASE_LR), "--petra_scale_lr", "true"]
+    return recipe + stages + PRECISIONS[precision] + REMEDIES[remedy] + learning_rate + [
         "--output_dir", output_dir,
         "--petra_mode", mode,
         "--gradient_accumulation_steps", str(k),
         "--per_device_train_batch_size", str(MICRO_BATCH),
-        "--learning_rate", str(BASE_LR),
-        "--petra_scale_lr", "true",
         "--num_train_epochs", f"{epochs:g}",
         "--seed", str(seed),
         "--save_strategy", "no",
@@ -161,14 +169,16 @@ def run_recipe(run, argv: list[str], verbose: bool = False):
 
 
 def one_run(run, mode: str, k: int, seed: int, epochs: float, workdir: str, verbose: bool = False,
-            num_stages: int | None = None, precision: str = "fp32", remedy: str = "none") -> dict:
+            num_stages: int | None = None, precision: str = "fp32", remedy: str = "none",
+            model: str = "revnet18") -> dict:
     output_dir = tempfile.mkdtemp(prefix=f"{mode}-k{k}-s{seed}-", dir=workdir)
-    argv = recipe_argv(mode, k, seed, epochs, output_dir, num_stages, precision, remedy)
+    argv = recipe_argv(mode, k, seed, epochs, output_dir, num_stages, precision, remedy, model)
     start = time.perf_counter()
     trainer, metrics = run_recipe(run, argv, verbose)
     wall = time.perf_counter() - start
     history = [entry for entry in trainer.state.log_history if "train_loss" in entry]
     return {
+        "model": model,
         "mode": mode,
         "k": k,
         "precision": precision,
@@ -227,18 +237,21 @@ def main(argv=None) -> dict:
     torch.set_num_threads(args.threads)
     run = runpy.run_path(str(RECIPE))["run"]
     plan = [(name, *parse_config(name), seed) for seed in args.seeds for name in args.configs]
+    rate = "the model's recipe file's" if MODELS[args.model][0] else f"{BASE_LR} * {MICRO_BATCH} * k / 256"
     if args.baseline not in args.configs:
         progress(f"note: the baseline {args.baseline} is not among the configurations: no gaps")
     progress(
-        f"{len(args.configs)} configurations x {len(args.seeds)} seeds, {args.epochs:g} epochs, micro-batch "
-        f"{MICRO_BATCH}, lr = {BASE_LR} * {MICRO_BATCH} * k / 256, J = {args.num_stages or 'model default'}; "
+        f"{args.model}: {len(args.configs)} configurations x {len(args.seeds)} seeds, {args.epochs:g} epochs, micro-batch "
+        f"{MICRO_BATCH}, lr = {rate}, "
+        f"J = {args.num_stages or 'model default'}; "
         f"{torch.get_num_threads()} thread(s), load average {load_average()}"
     )
     runs: list[dict] = []
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="petra-accuracy-") as workdir:
         for index, (name, mode, k, precision, remedy, seed) in enumerate(plan, 1):
-            r = one_run(run, mode, k, seed, args.epochs, workdir, args.verbose, args.num_stages, precision, remedy)
+            r = one_run(run, mode, k, seed, args.epochs, workdir, args.verbose, args.num_stages, precision, remedy,
+                        args.model)
             runs.append(r)
             progress(
                 f"[{index}/{len(plan)}] {name:20s} seed {seed}: test accuracy {100 * r['test_accuracy']:.2f} %, "
@@ -251,14 +264,15 @@ def main(argv=None) -> dict:
         progress(f"{row['config']:20s} test accuracy {row['mean']:.2f} ± {row['std']:.2f} %")
     progress(f"total wall time {total:.0f} s ({total / 60:.1f} min) for {len(runs)} runs")
     settings = {
+        "model": args.model,
         "configs": args.configs,
         "baseline": args.baseline,
         "seeds": args.seeds,
         "epochs": args.epochs,
         "num_stages": runs[0]["num_stages"] if runs else None,
         "micro_batch": MICRO_BATCH,
-        "base_learning_rate": BASE_LR,
-        "petra_scale_lr": True,
+        "base_learning_rate": None if MODELS[args.model][0] else BASE_LR,  # else the model's recipe file's
+        "petra_scale_lr": not MODELS[args.model][0],
         "threads": torch.get_num_threads(),
         "transformers": transformers.__version__,
     }

@@ -1,0 +1,19 @@
+"""benchmarks/accuracy_digits.py builds the recipe's arguments for each model it compares."""
+
+from petra_hub.training import recipe
+
+from .conftest import load
+
+
+def test_each_model_runs_under_its_own_recipe_settings():
+    benchmark = load("accuracy_digits")
+    revnet = benchmark.recipe_argv("petra", 2, 3, 12, "out")
+    model_args, _, args = recipe.parse(revnet)
+    assert (model_args.model, args.optim, args.gradient_accumulation_steps, args.seed) == ("revnet18", "sgd", 2, 3)
+    assert args.petra_scale_lr and args.micro_batch_learning_rate() == 0.4 * 32 * 2 / 256  # the paper's scaling
+    revvit = benchmark.recipe_argv("petra", 1, 0, 30, "out", model="revvit-tiny")
+    model_args, _, args = recipe.parse(revvit)
+    assert (model_args.model, args.optim, args.optim_args) == ("revvit-tiny", "adamw_torch", None)
+    assert not args.petra_scale_lr and args.learning_rate == 5e-4 and args.num_train_epochs == 30
+    assert benchmark.parse_args(["--model", "revvit-tiny"]).epochs == 30
+    assert benchmark.parse_args([]).epochs == 12
