@@ -120,3 +120,36 @@ def test_two_machines_on_localhost_train_what_one_process_trains(tmp_path):
     recipe.run(argv + ["--output_dir", str(tmp_path / "alone")])
     nodes, alone = (load_file(tmp_path / name / "model.safetensors") for name in ("nodes", "alone"))
     assert nodes.keys() == alone.keys() and all(torch.equal(nodes[k], alone[k]) for k in alone)
+
+
+def test_two_processes_train_a_revvit_as_one_process_does_and_it_loads_as_a_transformers_model(tmp_path):
+    """`--model revvit-tiny` (the RevViT paper's ViT-Ti: 14 stages) under `accelerate launch` with 2 processes:
+    the weights one process trains, bit for bit; the folder loads with from_pretrained and the pipeline."""
+    from safetensors.torch import load_file
+    from transformers import pipeline
+
+    from petra_hub import RevViTForImageClassification
+
+    argv = ["--model", "revvit-tiny", "--max_steps", "4", "--max_train_samples", "64", "--max_eval_samples", "16",
+            "--eval_strategy", "no", "--disable_tqdm", "true", "--petra_timeout", "60", "--optim", "adamw_torch",
+            "--optim_args", "", "--learning_rate", "5e-4", "--seed", "3"]
+    launch(2, ["--output_dir", str(tmp_path / "two"), *argv], tmp_path)
+    reports = [json.loads((tmp_path / "two" / f"rank{r}.json").read_text()) for r in range(2)]
+    assert sorted(reports[0]["local_stages"] + reports[1]["local_stages"]) == list(range(14))
+    assert all(set(report["backwards"].values()) == {4} for report in reports)
+
+    recipe.run(argv + ["--output_dir", str(tmp_path / "one")])
+    two, one = (load_file(tmp_path / name / "model.safetensors") for name in ("two", "one"))
+    assert two.keys() == one.keys() and all(torch.equal(two[k], one[k]) for k in one)
+
+    folder = tmp_path / "two"
+    model = RevViTForImageClassification.from_pretrained(folder).eval()
+    expected = torch.load(folder / "expected_logits.pt")
+    torch.testing.assert_close(model(expected["images"]).logits, expected["logits"], rtol=0, atol=1e-6)
+    assert {"configuration_revvit.py", "modeling_revvit.py"} <= {p.name for p in folder.iterdir()}  # remote code
+    assert "built on **RevViT-Ti**" in (folder / "README.md").read_text()
+    from PIL import Image
+
+    classify = pipeline("image-classification", model=str(folder))
+    labels = [guess["label"] for guess in classify(Image.new("RGB", (16, 16)), top_k=3)]
+    assert len(labels) == 3 and set(labels) <= set(model.config.id2label.values())
