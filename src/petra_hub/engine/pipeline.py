@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -22,6 +22,7 @@ from .collectives import average_buffers, average_gradients, gather_stages
 from .compilation import compile_stage
 from .errors import Breaker, PipelineError
 from .fidelity import StageFidelity, StageProbe, gather, measure
+from .graph_budget import kept_graphs
 from .handshake import check_same_spec, handshake, input_spec_of
 from .modes import Mode
 from .inference import evaluating, forward_local
@@ -73,6 +74,9 @@ class Pipeline(Readings):
         trace: record every operation with timestamps (`trace_events()`, see `trace`).
         weight_prediction: h > 0 runs each forward at the stage's weights extrapolated along its last update over h
             times the updates before the matching backward (see `prediction`); 0 (default): off.
+        keep_graphs / memory_budget: stages that keep their forward's graph instead of recomputing it in the
+            backward (their gradient is then that of their forward's weights), given as indexes, or the ones that
+            fit `memory_budget` bytes of activations per rank, measured on `profile_batch` (see `graph_budget`).
 
     Every rank calls `step` with the same micro-batches in the same order (rank 0 uses the inputs, the rank of
     the last stage uses the targets), and `end_group` and `drain` at the same points. An exception inside an
@@ -103,6 +107,8 @@ class Pipeline(Readings):
         compile_options: dict[str, Any] | None = None,
         trace: bool = False,
         weight_prediction: float = 0.0,
+        keep_graphs: Sequence[int] | None = None,
+        memory_budget: int | None = None,
     ):
         if not stages:
             raise ValueError("a pipeline needs at least one stage")
@@ -152,6 +158,8 @@ class Pipeline(Readings):
                 self._global_ranks, group, timeout, self.placement.describe, self.device or torch.device("cpu"))
 
         self.trace = Trace(dist.get_rank() if distributed else 0) if trace else None
+        self.kept_graphs = kept_graphs(self.stages, self.mode, self.local, keep_graphs, memory_budget,
+                                       profile_batch[0] if profile_batch is not None else None)
         self.workers: dict[int, StageWorker] = {}
         reduce = None if self.replicas is None else functools.partial(  # replicas average gradients before updates
             average_gradients, group=self.replicas.peer_group, size=data_parallel_size)
@@ -178,6 +186,7 @@ class Pipeline(Readings):
                 check_reconstruction_every=check_reconstruction_every,
                 trace=self.trace,
                 weight_prediction=weight_prediction,
+                keep_graph=index in self.kept_graphs,
             )
         reconstructs = [self.mode.reconstructs and bool(getattr(s, "reversible", False)) for s in self.stages]
         self.router = Router(
@@ -207,24 +216,6 @@ class Pipeline(Readings):
     def fed_in_group(self) -> int:
         """Micro-batches fed into the accumulation group still open (0: the last `step` or `end_group` closed one)."""
         return self._fed_in_group
-
-    @property
-    def has_last_stage(self) -> bool:
-        return self.num_stages - 1 in self.local
-
-    @property
-    def replica(self) -> int:
-        """Which pipeline replica this rank belongs to (0 without data parallelism)."""
-        return self.replicas.index if self.replicas is not None else 0
-
-    @property
-    def last_stage_rank(self) -> int:
-        """The global rank that runs the last stage of replica 0 (where losses and outputs are known)."""
-        if not self.distributed:
-            return 0
-        if self.replicas is not None:
-            return len(self.replicas.pipeline_ranks) - 1  # replica 0 is ranks 0 .. P-1
-        return self._global_ranks[-1]
 
     def step(self, inputs: Activation, targets: Any = None) -> list[tuple[int, torch.Tensor]]:
         """Feed one micro-batch and advance the schedule until the next one can enter.

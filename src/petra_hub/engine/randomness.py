@@ -97,3 +97,21 @@ def _set(state: RngState) -> None:
         torch.random.set_rng_state(state.cpu)
     if state.cuda is not None:
         torch.cuda.set_rng_state(state.cuda, state.device)
+
+
+def reconstruct_replaying(stage: nn.Module, stage_units: list[nn.Module], outputs, grad_outputs, rng: RngState | None,
+                          unit_rngs: list[RngState | None] | None):
+    """Rebuild a reversible stage's input from `outputs` by inversion (`grad_outputs` None) or by the fused
+    reconstruction and backward (returns (input, gradient of input)), replaying the forward's randomness: `rng` for
+    the stage as a whole, or `unit_rngs` per member of a reversible StageGroup, run last to first."""
+    fused = grad_outputs is not None
+    if unit_rngs is None:
+        with replaying(rng):
+            return stage.reconstruct_and_backward(outputs, grad_outputs) if fused else stage.inverse(outputs)
+    for unit, state in zip(reversed(stage_units), reversed(unit_rngs)):
+        with replaying(state):
+            if fused:
+                outputs, grad_outputs = unit.reconstruct_and_backward(outputs, grad_outputs)
+            else:
+                outputs = unit.inverse(outputs)
+    return (outputs, grad_outputs) if fused else outputs

@@ -9,7 +9,25 @@ from .trace import Event, gather_events
 
 
 class Readings:
-    """Mixed into `Pipeline` (which sets `workers`, `transport`, `trace` and `distributed`)."""
+    """Mixed into `Pipeline` (which sets `workers`, `transport`, `trace`, `distributed`, `local`, `replicas`)."""
+
+    @property
+    def has_last_stage(self) -> bool:
+        return self.num_stages - 1 in self.local
+
+    @property
+    def replica(self) -> int:
+        """Which pipeline replica this rank belongs to (0 without data parallelism)."""
+        return self.replicas.index if self.replicas is not None else 0
+
+    @property
+    def last_stage_rank(self) -> int:
+        """The global rank that runs the last stage of replica 0 (where losses and outputs are known)."""
+        if not self.distributed:
+            return 0
+        if self.replicas is not None:
+            return len(self.replicas.pipeline_ranks) - 1  # replica 0 is ranks 0 .. P-1
+        return self._global_ranks[-1]
 
     @property
     def exchange_seconds(self) -> float:

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import torch
 from torch import nn
+from torch.func import functional_call
 
 from .batchnorm import frozen_running_stats
 from .errors import PipelineError
@@ -16,7 +17,7 @@ from .modes import Mode
 from .pending import Pending, stashed_weights
 from .prediction import WeightPredictor
 from .precision import LOW_PRECISION, LossScale, Precision
-from .randomness import capture, drawn_since, replaying, units
+from .randomness import capture, drawn_since, reconstruct_replaying, replaying, units
 from .tensors import Activation, as_tuple, detached, like
 from .trace import Trace, timed
 
@@ -37,6 +38,11 @@ class StageWorker:
     to the stream dtype; with fp16, gradients are scaled by the stage's own loss scale (see `precision`).
 
     Weight prediction (off by default): forwards run at the weights extrapolated to the backward (see `prediction`).
+
+    Kept graphs (`keep_graph`, off by default): a stage that would store its input and recompute its forward in the
+    backward keeps the forward's graph instead. In a pipelined mode the graph is built on a copy of the weights (the
+    optimizer updates the stage's own in between), so its gradient is that of the forward's weights, as with weight
+    stashing.
     """
 
     def __init__(
@@ -56,6 +62,7 @@ class StageWorker:
         check_reconstruction_every: int | None = None,
         trace: Trace | None = None,
         weight_prediction: float = 0.0,
+        keep_graph: bool = False,
     ):
         self.index = index
         self.trace = trace
@@ -66,6 +73,7 @@ class StageWorker:
         self.reconstructs = mode.reconstructs and bool(getattr(stage, "reversible", False))
         if self.reconstructs and not (hasattr(stage, "inverse") and hasattr(stage, "reconstruct_and_backward")):
             raise ValueError(f"stage {index} is marked reversible but lacks inverse / reconstruct_and_backward")
+        self.keeps_graph = mode.keeps_graph or (keep_graph and not self.reconstructs)
         self.accumulation_steps = accumulation_steps
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -76,7 +84,8 @@ class StageWorker:
         self.check_every = check_reconstruction_every if self.reconstructs else None
         policy = self.precision
         self.loss_scale = LossScale(policy.initial_scale, policy.growth_interval) if policy.scales_loss else None
-        self.params = [p for p in stage.parameters() if p.requires_grad]
+        named = [(name, p) for name, p in stage.named_parameters() if p.requires_grad]
+        self.param_names, self.params = [name for name, _ in named], [p for _, p in named]
         self.units = units(stage) if self.reconstructs else [stage]
         self.counters = StageCounters()
         self.predictor = WeightPredictor(0.0 if self.is_last or not mode.pipelined else weight_prediction)
@@ -100,12 +109,16 @@ class StageWorker:
         if probe is not None:
             probe.at_forward(self.params, inputs, self.is_first)
         pending = Pending()
-        if self.mode.stashes_weights:
+        if self.mode.stashes_weights and not self.keeps_graph:
             pending.weights = [p.detach().clone() for p in self.params]
-        if self.mode.keeps_graph:
+        if self.keeps_graph:
             leaves = detached(inputs, requires_grad=not self.is_first)
-            with torch.enable_grad(), recording_saved_tensors(exclude=self.params) as saved:
-                outputs = self._evaluate(leaves)
+            weights = None  # a synchronous mode updates after the backward: the graph may use the weights themselves
+            if self.mode.pipelined:
+                weights = {name: p.detach().clone().requires_grad_() for name, p in zip(self.param_names, self.params)}
+                pending.weights = list(weights.values())
+            with torch.enable_grad(), recording_saved_tensors(exclude=pending.weights or self.params) as saved:
+                outputs = self._evaluate(leaves, weights)
             pending.saved = saved
             pending.inputs, pending.outputs = leaves, outputs
             outputs = detached(outputs)
@@ -139,17 +152,22 @@ class StageWorker:
                 raise PipelineError(f"stage {self.index} reconstructs its input but received no output to invert")
             if pending.weights is None:
                 with self._autocast(outputs):
-                    inputs, grad_inputs = self._reconstruct(outputs, grad_outputs, pending)
+                    inputs, grad_inputs = reconstruct_replaying(
+                        self.stage, self.units, outputs, grad_outputs, pending.rng, pending.unit_rngs)
             else:
                 with torch.no_grad(), frozen_running_stats(self.stage), self._autocast(outputs):
-                    inputs = self._reconstruct(outputs, None, pending)
+                    inputs = reconstruct_replaying(self.stage, self.units, outputs, None, pending.rng,
+                                                   pending.unit_rngs)
                 with replaying(pending.rng):
                     grad_inputs = self._recompute_and_backward(inputs, grad_outputs, pending.weights)
             if pending.reference is not None:
                 self.counters.reconstruction_error = relative_error(inputs, pending.reference)
                 self.counters.reconstruction_checks += 1
-        elif self.mode.keeps_graph:
+        elif self.keeps_graph:
             torch.autograd.backward(as_tuple(pending.outputs), as_tuple(grad_outputs))
+            for param, copy in zip(self.params, pending.weights or ()):  # the graph's weights were a copy
+                if copy.grad is not None:
+                    param.grad = copy.grad if param.grad is None else param.grad.add_(copy.grad)
             inputs, grad_inputs = pending.inputs, self._leaf_grads(pending.inputs)
         else:
             inputs = pending.inputs
@@ -303,10 +321,11 @@ class StageWorker:
     def _autocast(self, value: Activation):
         return self.precision.autocast(as_tuple(value)[0].device)
 
-    def _evaluate(self, inputs: Activation) -> Activation:
-        """The stage under the policy's autocast, its outputs in the stream dtype (part of the graph)."""
+    def _evaluate(self, inputs: Activation, weights: dict[str, torch.Tensor] | None = None) -> Activation:
+        """The stage (with `weights` instead of its parameters, if given) under the policy's autocast, its outputs in
+        the stream dtype (part of the graph)."""
         with self._autocast(inputs):
-            outputs = self.stage(inputs)
+            outputs = self.stage(inputs) if weights is None else functional_call(self.stage, weights, (inputs,))
         return self.precision.cast_streams(outputs)
 
     def _outgoing(self, grad_inputs: Activation) -> Activation:
@@ -328,23 +347,6 @@ class StageWorker:
             pending.unit_rngs = states if any(state is not None for state in states) else None
         pending.rng = drawn_since(before)
         return outputs
-
-    def _reconstruct(self, outputs: Activation, grad_outputs: Activation | None, pending: Pending):
-        """Rebuild the input from `outputs` by inversion (`grad_outputs` None) or by the fused reconstruction and
-        backward (returns (input, gradient of input)), replaying the forward's randomness."""
-        fused = grad_outputs is not None
-        if pending.unit_rngs is None:
-            with replaying(pending.rng):
-                if fused:
-                    return self.stage.reconstruct_and_backward(outputs, grad_outputs)
-                return self.stage.inverse(outputs)
-        for unit, state in zip(reversed(self.units), reversed(pending.unit_rngs)):
-            with replaying(state):
-                if fused:
-                    outputs, grad_outputs = unit.reconstruct_and_backward(outputs, grad_outputs)
-                else:
-                    outputs = unit.inverse(outputs)
-        return (outputs, grad_outputs) if fused else outputs
 
     def _recompute_and_backward(self, inputs, grad_outputs, weights) -> Activation | None:
         leaves = detached(inputs, requires_grad=not self.is_first)

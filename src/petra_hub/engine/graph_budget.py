@@ -1,0 +1,93 @@
+"""Which stages keep their forward's graph for the backward instead of recomputing it: chosen by the user
+(`keep_graphs`) or from a memory budget per rank (`memory_budget`), as selective activation checkpointing chooses
+what to recompute.
+
+A stage that does not rebuild its input by inversion (a non-reversible stage, or any stage in a mode without
+reconstruction) stores its input and runs its forward again in the backward. Keeping the graph spares that second
+forward and holds the graph's saved tensors (and, in a pipelined mode, a copy of the weights) instead of the input,
+for every micro-batch in flight at that stage. The budget counts, per rank, the activation bytes the local stages
+hold at the steady state between ticks (what `Pipeline.memory()` reports): what the mode holds anyway (stored
+inputs) plus, for each kept graph, its graph and weight copy minus the input it replaces. Graphs are kept smallest
+extra cost first, while the total fits. Within a tick a stage briefly holds one micro-batch more (the forward runs
+before the backward), which the budget leaves out as the memory readings do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from .accounting import graph_bytes, nbytes
+from .batchnorm import frozen_running_stats
+from .modes import Mode
+from .randomness import preserved
+from .schedule import Schedule
+from .tensors import Activation, as_tuple
+
+__all__ = ["kept_graphs", "recomputing_stages"]
+
+
+def recomputing_stages(stages: list[nn.Module], mode: Mode) -> list[int]:
+    """The stages whose backward recomputes their forward in `mode` (the last stage never does: its forward and
+    backward are one operation; in `backprop` none does)."""
+    if mode.keeps_graph:
+        return []
+    return [index for index, stage in enumerate(stages[:-1])
+            if not (mode.reconstructs and getattr(stage, "reversible", False))]
+
+
+def kept_graphs(
+    stages: list[nn.Module],
+    mode: Mode,
+    local: Sequence[int],
+    keep_graphs: Sequence[int] | None = None,
+    memory_budget: int | None = None,
+    sample_inputs: Activation | None = None,
+) -> set[int]:
+    """The local stages that keep their graph: `keep_graphs` as given (checked), or those that fit `memory_budget`
+    bytes per rank, measured on `sample_inputs` (one micro-batch of the pipeline's input)."""
+    candidates = recomputing_stages(stages, mode)
+    if keep_graphs is not None and memory_budget is not None:
+        raise ValueError("give keep_graphs or memory_budget, not both")
+    if keep_graphs is not None:
+        wrong = [index for index in keep_graphs if index not in candidates]
+        if wrong:
+            raise ValueError(f"keep_graphs: stage {wrong[0]} has no forward to spare in mode {mode.value!r} (it "
+                             f"rebuilds its input, is the last stage, or does not exist); stages that recompute: "
+                             f"{candidates}")
+        return set(keep_graphs) & set(local)
+    if memory_budget is None:
+        return set()
+    if memory_budget < 0:
+        raise ValueError(f"memory_budget must be >= 0 bytes, got {memory_budget}")
+    if sample_inputs is None:
+        raise ValueError("memory_budget needs a sample micro-batch (profile_batch) to measure the graphs on")
+    schedule = Schedule(len(stages), mode.pipelined)
+    inputs = _stage_inputs(stages, sample_inputs, max(local))
+    held, extras = 0, []
+    with preserved(as_tuple(sample_inputs)[0].device):  # dropout in a measured forward draws nothing for training
+        for index in (i for i in local if i in candidates):
+            count = schedule.in_flight(index) if mode.pipelined else 1
+            stored = nbytes(as_tuple(inputs[index]))
+            held += count * stored
+            copy = sum(p.nbytes for p in stages[index].parameters() if p.requires_grad) if mode.pipelined else 0
+            extras.append((count * (graph_bytes(stages[index], inputs[index]) + copy - stored), index))
+    kept = set()
+    for extra, index in sorted(extras):
+        if held + extra <= memory_budget:
+            held += extra
+            kept.add(index)
+    return kept
+
+
+def _stage_inputs(stages: list[nn.Module], inputs: Activation, last: int) -> list[Activation]:
+    """The inputs of stages 0..last on one sample, without touching running statistics or the generators."""
+    found = []
+    with torch.no_grad(), preserved(as_tuple(inputs)[0].device):
+        for stage in stages[: last + 1]:
+            found.append(inputs)
+            with frozen_running_stats(stage):
+                inputs = stage(inputs)
+    return found

@@ -1,0 +1,149 @@
+"""Kept graphs: a stage that would recompute its forward in the backward keeps the forward's graph instead, chosen by
+index or by a memory budget per rank. References: the delayed mode's recomputation with stashed weights (the same
+gradient), the fidelity probes' plain-autograd stashed-weight gradient, and the engine's own memory accounting."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from petra_hub.engine import Mode, Pipeline
+from petra_hub.engine.graph_budget import recomputing_stages
+from petra_hub.engine.tensors import as_tuple
+from petra_hub.testing.models import small_model
+from petra_hub.testing.ranks import run_ranks
+from tests.engine.test_fidelity import batches_for, sgd, snapshots
+
+STEM_AND_DOWNSAMPLING = [0, 3, 5, 7]  # small RevNet18: S R R D R D R D R H
+
+
+def forward_calls(stages):
+    """Count every evaluation of each stage (forwards, recomputations)."""
+    calls = [0] * len(stages)
+    for index, stage in enumerate(stages):
+        stage.register_forward_hook(lambda *_, index=index: calls.__setitem__(index, calls[index] + 1))
+    return calls
+
+
+def train(mode, keep_graphs=None, steps=24, **options):
+    model = small_model("revnet18", seed=3)
+    stages = model.get_stages()
+    calls = forward_calls(stages)
+    pipeline = Pipeline(stages, F.cross_entropy, mode=mode, optimizer_factory=sgd, keep_graphs=keep_graphs, **options)
+    for images, labels in batches_for(model.config, steps):
+        pipeline.step(images, labels)
+    pipeline.drain()
+    return model, pipeline, calls
+
+
+def test_the_stages_that_recompute_are_the_non_reversible_ones_but_the_last():
+    stages = small_model("revnet18").get_stages()
+    assert recomputing_stages(stages, Mode.PETRA) == STEM_AND_DOWNSAMPLING
+    assert recomputing_stages(stages, Mode.DELAYED) == list(range(9))  # no reconstruction: every stage but the head
+    assert recomputing_stages(stages, Mode.BACKPROP) == []
+
+
+def test_in_the_delayed_mode_a_kept_graph_trains_exactly_what_recomputing_trains():
+    """The delayed mode recomputes each stage's forward at its stashed weights: the kept graph is that same
+    computation done once. Weights and running statistics agree to rounding, with one evaluation per micro-batch
+    at the kept stages instead of two."""
+    recomputed, _, calls = train(Mode.DELAYED)
+    kept, pipeline, kept_calls = train(Mode.DELAYED, keep_graphs=list(range(9)))
+    assert pipeline.kept_graphs == set(range(9))
+    for (name, a), b in zip(recomputed.state_dict().items(), kept.state_dict().values()):
+        if a.is_floating_point():
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-12, msg=name)
+        else:
+            assert torch.equal(a, b), name  # e.g. num_batches_tracked: each micro-batch counted once
+    # one evaluation each in the start-up dry run, then two per micro-batch recomputing, one keeping the graph
+    assert calls[:9] == [1 + 2 * 24] * 9 and kept_calls[:9] == [1 + 24] * 9
+    assert calls[9] == kept_calls[9] == 1 + 24  # the head: forward and backward in one operation either way
+
+
+def test_under_petra_a_kept_stage_takes_the_gradient_of_its_forward_weights():
+    """Plain autograd on a copy of the stem at the weights of its forward (snapshot by the update hook), given the
+    gradient the stem received: the gradient it applied. The reversible and recomputing stages are PETRA's."""
+    model = small_model("revnet18", seed=3)
+    batches = batches_for(model.config, 30)
+    reference = copy.deepcopy(model.get_stages()[0])
+    hook, weights, gradients = snapshots()
+    pipeline = Pipeline(model.get_stages(), F.cross_entropy, optimizer_factory=sgd, on_update=hook, keep_graphs=[0])
+    stem, received = pipeline.workers[0], {}
+    backward = stem.backward
+
+    def recording_backward(micro_batch, grad_outputs, outputs=None):
+        received[micro_batch] = tuple(g.clone() for g in as_tuple(grad_outputs))
+        return backward(micro_batch, grad_outputs, outputs)
+
+    stem.backward = recording_backward
+    for images, labels in batches:
+        pipeline.step(images, labels)
+    pipeline.drain()
+
+    delay = 2 * (pipeline.num_stages - 1)  # the stem's forward of m comes after the updates of m - delay micro-batches
+    for m in (delay + 2, 29):
+        with torch.no_grad():
+            for param, value in zip(reference.parameters(), weights[0][m - delay]):
+                param.copy_(value)
+        outputs = reference(batches[m][0])
+        expected = torch.autograd.grad(as_tuple(outputs), list(reference.parameters()), received[m])
+        for applied, value in zip(gradients[0][m], expected):
+            torch.testing.assert_close(applied, value, rtol=0, atol=1e-12)
+        assert not all(torch.equal(a, b) for a, b in zip(weights[0][m - delay], weights[0][m]))  # it moved since
+
+
+def test_kept_graphs_hold_what_the_budget_counted():
+    """The budget's estimate of the held bytes agrees with the engine's accounting at the steady state, and a
+    budget keeps the graphs that fit, smallest first."""
+    model = small_model("revnet18", seed=3)
+    batches = batches_for(model.config, 20)
+    images, labels = batches[0]
+    held = {}
+    for name, options in [("none", {}), ("all", {"keep_graphs": STEM_AND_DOWNSAMPLING})]:
+        pipeline = Pipeline(copy.deepcopy(model).get_stages(), F.cross_entropy, optimizer_factory=sgd, **options)
+        for step_images, step_labels in batches:
+            pipeline.step(step_images, step_labels)
+            held[name] = max(held.get(name, 0), sum(s.activation_bytes + s.stash_bytes
+                                                    for s in pipeline.memory().values()))
+        pipeline.drain()
+    assert held["all"] > held["none"]
+    everything = Pipeline(copy.deepcopy(model).get_stages(), F.cross_entropy, memory_budget=held["all"],
+                          profile_batch=(images, labels))
+    assert everything.kept_graphs == set(STEM_AND_DOWNSAMPLING)
+    assert Pipeline(copy.deepcopy(model).get_stages(), F.cross_entropy, memory_budget=held["none"],
+                    profile_batch=(images, labels)).kept_graphs == set()
+    between = (held["none"] + held["all"]) // 2
+    some = Pipeline(copy.deepcopy(model).get_stages(), F.cross_entropy, memory_budget=between,
+                    profile_batch=(images, labels)).kept_graphs
+    assert set() < some < set(STEM_AND_DOWNSAMPLING)
+
+
+def test_bad_choices_are_refused_with_the_reason():
+    stages = small_model("revnet18").get_stages()
+    with pytest.raises(ValueError, match="stage 1 has no forward to spare in mode 'petra'"):
+        Pipeline(stages, F.cross_entropy, keep_graphs=[0, 1])
+    with pytest.raises(ValueError, match="stage 9 has no forward to spare"):
+        Pipeline(stages, F.cross_entropy, keep_graphs=[9])
+    with pytest.raises(ValueError, match="not both"):
+        Pipeline(stages, F.cross_entropy, keep_graphs=[0], memory_budget=10)
+    with pytest.raises(ValueError, match="needs a sample micro-batch"):
+        Pipeline(stages, F.cross_entropy, memory_budget=10)
+    with pytest.raises(ValueError, match=">= 0 bytes"):
+        Pipeline(stages, F.cross_entropy, memory_budget=-1, profile_batch=(None, None))
+
+
+def _kept_graph_run(rank, world_size):
+    model, pipeline, _ = train(Mode.PETRA, keep_graphs=STEM_AND_DOWNSAMPLING, timeout=60)
+    stages = model.get_stages()
+    return {index: [p.detach().clone() for p in stages[index].parameters()] for index in pipeline.local}
+
+
+def test_two_processes_train_what_one_process_trains(tmp_path):
+    torch.set_num_threads(1)
+    expected = _kept_graph_run(0, 1)
+    outcome, codes, _ = run_ranks(_kept_graph_run, 2, out_dir=tmp_path, deadline=150)
+    assert codes == [0, 0], [r.get("traceback") for r in outcome if r]
+    trained = {index: weights for result in outcome for index, weights in result["value"].items()}
+    assert sorted(trained) == list(range(10))
+    assert all(torch.equal(a, b) for index in expected for a, b in zip(trained[index], expected[index]))
