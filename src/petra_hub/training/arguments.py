@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -81,6 +82,11 @@ class PetraTrainingArguments(TrainingArguments):
         metadata={"help": "Delay-aware warm-up (PipeMare): each stage starts at lr / tau, tau = its delay in "
                           "updates, and reaches lr after this many steps (a fraction of the run if below 1; 0: off)."},
     )
+    petra_memory_budget: str | None = field(
+        default=None,
+        metadata={"help": "Activation memory per process (bytes, or with a unit: 512MB, 2GiB) within which the stages "
+                          "that recompute their forward keep its graph instead, smallest first (off by default)."},
+    )
     petra_gradient_fidelity_steps: int = field(
         default=0,
         metadata={"help": "Every N steps, compare each stage's gradient with the end-to-end and the stashed-weight "
@@ -110,6 +116,7 @@ class PetraTrainingArguments(TrainingArguments):
         if self.petra_gradient_fidelity_steps < 0:
             raise ValueError(f"petra_gradient_fidelity_steps must be >= 0 (0: off), got {self.petra_gradient_fidelity_steps}")
         self.milestones()
+        self.memory_budget_bytes()  # validates the format
         if self.optim_args and any(pair.count("=") != 1 for pair in self.optim_args.replace(" ", "").split(",")):
             raise ValueError(f"optim_args={self.optim_args!r}: expected comma-separated key=value pairs (e.g. "
                              "'momentum=0.9,nesterov=True'), or empty for the optimizer's defaults")
@@ -135,6 +142,18 @@ class PetraTrainingArguments(TrainingArguments):
             raise ValueError(
                 f"petra_partition must be 'auto' or comma-separated stage counts like '5,5', got {self.petra_partition!r}"
             ) from None
+
+    def memory_budget_bytes(self) -> int | None:
+        """`petra_memory_budget` in bytes (None: off)."""
+        if self.petra_memory_budget in (None, ""):
+            return None
+        found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B)?\s*", str(self.petra_memory_budget), re.IGNORECASE)
+        if found is None:
+            raise ValueError(f"petra_memory_budget={self.petra_memory_budget!r}: expected bytes, or a number with "
+                             "a unit (KB, MB, GB, TB or KiB, MiB, GiB, TiB), e.g. 512MB")
+        unit = (found.group(2) or "B").upper()
+        scale = 1 if unit == "B" else (1024 if "I" in unit else 1000) ** ("KMGT".index(unit[0]) + 1)
+        return int(float(found.group(1)) * scale)
 
     def milestones(self) -> list[float]:
         if not self.petra_lr_milestones:

@@ -143,6 +143,7 @@ class PetraTrainer(Trainer):
             check_reconstruction_every=args.petra_check_reconstruction_every or None,
             compile_options=args.compile_options(),
             weight_prediction=args.petra_weight_prediction,
+            memory_budget=args.memory_budget_bytes() if training else None,
         )
 
     def _pipeline_for_inference(self) -> Pipeline:
@@ -160,7 +161,7 @@ class PetraTrainer(Trainer):
         self.stages = self._make_stages()  # model_init may have built a new model
         loader = self.get_train_dataloader()
         check_first_batch(self.model, self.data_collator, loader.dataset)
-        if args.petra_partition == "auto":
+        if args.petra_partition == "auto" or args.memory_budget_bytes() is not None:  # measured on it
             self._profile_batch = repeated_first_batch(self.data_collator, loader.dataset, args.per_device_train_batch_size)
         check_all_labels(self.train_dataset, getattr(self.model.config, "num_labels", None))
         per_epoch, steps_per_epoch, max_steps = plan_steps(loader, args)
