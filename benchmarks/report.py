@@ -728,6 +728,27 @@ def from_benchmark(module_name: str):
     return render
 
 
+# -- kept graphs and delay sensitivity ---------------------------------------------------------------------------------
+KEPT_GRAPH_LABELS = {"backprop": "plain backprop (engine `backprop` mode)", "petra": "PETRA, recomputing (the paper)",
+                     "petra_budget": "PETRA, `memory_budget` halfway", "petra_kept": "PETRA, every graph kept"}
+
+
+def kept_graphs_main(r, arg=None):
+    rows = [[KEPT_GRAPH_LABELS[name], ", ".join(map(str, r["kept"][name])) or "-",
+             f"{1e3 * r['median_s'][name]:.2f}", f"{r['ratio_to_backprop'][name]:.3f}x", mib(r["held_bytes"][name])]
+            for name in KEPT_GRAPH_LABELS]
+    return table(["method", "stages keeping their graph", "ms per micro-batch (median)",
+                  "time / backprop (median of paired windows)", "held between ticks (MiB)"], rows, "llrrr")
+
+
+def delay_sensitivity_main(r, arg=None):
+    rows = [[row["model"], row["delay"], f"{row['final_loss']:.3f}", f"{100 * row['test_accuracy']:.2f}"]
+            for row in r["rows"]]
+    return table(["model", "delay d (micro-batches)", f"training loss, last {r['settings']['steps'] // 4} steps",
+                  "test accuracy %"], rows, "lrrr")
+
+
+
 RENDERERS = {
     "memory": {
         "summary": lambda r, arg: memory_headline(r, without_stem=False),
@@ -756,6 +777,8 @@ RENDERERS = {
     "accuracy_digits": {"summary": accuracy_summary, "main": accuracy_main, "table4": accuracy_table4},
     "fidelity": {"main": fidelity_main, "summary": fidelity_summary},
     "simulator": {"main": simulator_main},
+    "kept_graphs": {"main": kept_graphs_main},
+    "delay_sensitivity": {"main": delay_sensitivity_main},
     "predict": {"main": predict_main},
     "messages": {"main": messages_main},
     "compile": {"main": from_benchmark("compile")},

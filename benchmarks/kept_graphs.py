@@ -1,0 +1,113 @@
+"""Kept graphs: what PETRA gains in time and pays in memory when its recomputing stages keep their forward's graph.
+
+    python benchmarks/kept_graphs.py            # RevNet18 at the recipe widths, 32x32, micro-batch 32 (~6 min)
+    python benchmarks/kept_graphs.py --quick    # tiny widths and windows (~20 s): kept_graphs-quick.json
+
+One process, one thread, all stages of the pipeline in it. Methods, timed in interleaved windows of N micro-batches
+at the steady state (medians over the repetitions): PETRA recomputing (the paper), PETRA with the graphs that fit a
+memory budget halfway between the two (`memory_budget`), PETRA keeping every graph it can (`keep_graphs`), and the
+engine's `backprop` mode (plain backprop through the stages) as the reference. Memory: the activation and weight-copy
+bytes the stages hold between ticks (`Pipeline.memory()`), the largest seen. Discussion: docs/benchmarks-throughput.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from _launch import SINGLE_THREAD_ENV  # noqa: E402 (imports no torch)
+
+os.environ.update(SINGLE_THREAD_ENV)
+
+import torch  # noqa: E402
+
+from common import add_out_argument, build_model, feed, load_average, make_pipeline, progress  # noqa: E402
+from common import random_batches, results_path, revnet_config, write_results  # noqa: E402
+from petra_hub.engine.graph_budget import recomputing_stages  # noqa: E402
+from petra_hub.testing.models import QUICK_WIDTH, RECIPE_WIDTH  # noqa: E402
+
+METHODS = ("backprop", "petra", "petra_budget", "petra_kept")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=None, help="windows per method (default 7; quick: 2)")
+    parser.add_argument("--micro-batches", type=int, default=None, help="N per window (default 60; quick: 6)")
+    parser.add_argument("--batch", type=int, default=32, help="micro-batch size (default 32)")
+    parser.add_argument("--width", type=int, default=None, help=f"widths w..8w (default {RECIPE_WIDTH}; quick: "
+                                                                 f"{QUICK_WIDTH})")
+    parser.add_argument("--quick", action="store_true")
+    add_out_argument(parser, "kept_graphs")
+    args = parser.parse_args(argv)
+    args.repeats = args.repeats or (2 if args.quick else 7)
+    args.micro_batches = args.micro_batches or (6 if args.quick else 60)
+    args.width = args.width or (QUICK_WIDTH if args.quick else RECIPE_WIDTH)
+    return args
+
+
+def held_bytes(pipeline) -> int:
+    return sum(stats.activation_bytes + stats.stash_bytes for stats in pipeline.memory().values())
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    torch.manual_seed(0)
+    config = revnet_config("revnet18", width=args.width, num_labels=10)
+    batches = random_batches(4, args.batch, 32)
+    stages = build_model(config).get_stages()
+    candidates = recomputing_stages(stages, make_pipeline(stages, "petra").mode)
+
+    def pipeline(mode, **options):
+        return make_pipeline(build_model(config).get_stages(), mode, lr=0.01, **options)
+
+    engines = {"backprop": pipeline("backprop"), "petra": pipeline("petra"),
+               "petra_kept": pipeline("petra", keep_graphs=candidates)}
+    held = {}
+    for name in ("petra", "petra_kept"):  # fill, and read what the steady state holds
+        feed(engines[name], batches, 2 * len(stages))
+        held[name] = held_bytes(engines[name])
+    budget = (held["petra"] + held["petra_kept"]) // 2
+    engines["petra_budget"] = pipeline("petra", memory_budget=budget, profile_batch=batches[0])
+    feed(engines["petra_budget"], batches, 2 * len(stages))
+    feed(engines["backprop"], batches, 3)
+    progress(f"{os.cpu_count()} CPUs, load average {load_average()}; stages that recompute: {candidates}; budget "
+             f"{budget} bytes keeps {sorted(engines['petra_budget'].kept_graphs)}")
+
+    times = {name: [] for name in METHODS}
+    peaks = dict.fromkeys(METHODS, 0)
+    for repeat in range(args.repeats):
+        for name in METHODS:
+            start = time.perf_counter()
+            for index in range(args.micro_batches):
+                engines[name].step(*batches[index % len(batches)])
+                peaks[name] = max(peaks[name], held_bytes(engines[name]))
+            times[name].append((time.perf_counter() - start) / args.micro_batches)
+        progress(f"repetition {repeat + 1}/{args.repeats} (ms per micro-batch): "
+                 + ", ".join(f"{name} {1e3 * values[-1]:.1f}" for name, values in times.items()))
+    for name in METHODS:
+        engines[name].drain()
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    paired = {name: statistics.median(t / b for t, b in zip(times[name], times["backprop"])) for name in METHODS}
+    for name in METHODS:
+        progress(f"{name:14s} {1e3 * medians[name]:7.2f} ms per micro-batch ({paired[name]:.3f}x backprop), "
+                 f"holds {peaks[name] / 2**20:.2f} MiB")
+    return write_results(
+        results_path(args.out, "kept_graphs", args.quick), "kept_graphs", "kept_graphs.py", argv,
+        {key: value for key, value in vars(args).items() if key != "out"},
+        layout="".join("R" if getattr(s, "reversible", False) else "B" for s in stages),
+        recomputing=candidates, budget_bytes=budget,
+        kept={name: sorted(getattr(engines[name], "kept_graphs", ())) for name in METHODS},
+        times=times, median_s=medians, ratio_to_backprop=paired, held_bytes=peaks, load=load_average(),
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,22 @@
+"""benchmarks/kept_graphs.py --quick: every method measured, the budget between the two extremes, the table renders."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def test_quick_run(tmp_path, report):
+    out = tmp_path / "kept_graphs.json"
+    subprocess.run([sys.executable, str(BENCHMARKS / "kept_graphs.py"), "--quick", "--repeats", "1",
+                    "--micro-batches", "2", "--out", str(out)], check=True, capture_output=True, timeout=300)
+    result = json.loads(out.read_text())
+    assert result["recomputing"] == [0, 3, 5, 7] and result["kept"]["petra_kept"] == [0, 3, 5, 7]
+    assert result["kept"]["petra"] == [] and set(result["kept"]["petra_budget"]) < {0, 3, 5, 7}
+    held = result["held_bytes"]
+    assert held["backprop"] == 0 < held["petra"] < held["petra_kept"]
+    assert held["petra"] <= held["petra_budget"] <= result["budget_bytes"]  # the budget counts what memory() reads
+    assert all(value > 0 for value in result["median_s"].values())
+    assert "PETRA, every graph kept | 0, 3, 5, 7 |" in report.render("kept_graphs/main", tmp_path)
