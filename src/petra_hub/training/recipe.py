@@ -5,7 +5,7 @@
 
 With no arguments: a small RevNet18 (widths 16,32,64,128, embedding 16) on the embedded digits data, PETRA across
 the launched processes, 12 epochs, evaluation every epoch, then a Hub-ready folder in
-`outputs/revnet18-digits-petra`. It follows transformers' `run_image_classification.py`: `--dataset_name`,
+`outputs/revnet18-digits-petra`. `--model` picks another RevNet or a RevViT (`revvit-tiny`, ...). It follows transformers' `run_image_classification.py`: `--dataset_name`,
 `--train_dir` / `--validation_dir`, `--model_name_or_path`, `do_train` / `do_eval` / `do_predict`,
 `--resume_from_checkpoint`, and `train_results.json` / `eval_results.json` / `all_results.json` in `output_dir`.
 
@@ -116,8 +116,8 @@ def build_parser() -> HfArgumentParser:
     return HfArgumentParser(
         (ModelArguments, DataArguments, RecipeTrainingArguments),
         usage="%(prog)s [config.yaml | config.json] [--flag value ...]",
-        description="Train a RevNet with PETRA (petra_hub's recipe). A YAML/JSON file of flags may stand anywhere "
-                    "on the command line; flags given on the command line override it.",
+        description="Train a RevNet or a RevViT with PETRA (petra_hub's recipe). A YAML/JSON file of flags may "
+                    "stand anywhere on the command line; flags given on the command line override it.",
         allow_abbrev=False,
     )
 
