@@ -31,6 +31,7 @@ import torch  # noqa: E402
 
 from common import add_out_argument, build_model, feed, load_average, make_pipeline, progress  # noqa: E402
 from common import random_batches, results_path, revnet_config, write_results  # noqa: E402
+from petra_hub.engine import Mode  # noqa: E402
 from petra_hub.engine.graph_budget import recomputing_stages  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH, RECIPE_WIDTH  # noqa: E402
 
@@ -63,7 +64,7 @@ def main(argv=None) -> dict:
     config = revnet_config("revnet18", width=args.width, num_labels=10)
     batches = random_batches(4, args.batch, 32)
     stages = build_model(config).get_stages()
-    candidates = recomputing_stages(stages, make_pipeline(stages, "petra").mode)
+    candidates = recomputing_stages(stages, Mode.PETRA)
 
     def pipeline(mode, **options):
         return make_pipeline(build_model(config).get_stages(), mode, lr=0.01, **options)
