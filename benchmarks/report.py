@@ -357,6 +357,16 @@ def throughput_summary(r, arg=None):
          f"{' / '.join(str(m) for _, m in one_f_one_b(r))} micro-batches per step",
          ms_of, " / ".join(f"{f['vs'][name]:.2f}x" for name in names)],
     ]  # fmt: skip
+    measured = [record for record in rival_records(r) or [] if record["status"] == "measured"]
+    budget = rival_peak(r, "petra") if measured else None
+    for title, candidates in (("within PETRA's memory", [x for x in measured if rival_peak(r, x) <= budget]),
+                              ("at any memory", measured)):  # fmt: skip
+        if candidates:
+            best = min(candidates, key=lambda record: f["med"][record["key"]])
+            setting = f"{CHECKPOINTING[best['checkpointing']]}, m = {best['m']}, {mib(rival_peak(r, best))} MiB"
+            rows.append([f"fastest torch schedule {title} (PETRA: {mib(budget)} MiB): `{best['torch_class']}`, "
+                         f"checkpointing {setting}", ms(f["med"][best["key"]]),
+                         f"{f['med'][best['key']] / f['med']['petra']:.2f}x"])  # fmt: skip
     return table(["method", "ms / micro-batch", "PETRA faster by"], rows)
 
 
