@@ -34,9 +34,11 @@ import torch  # noqa: E402
 
 from common import add_out_argument, build_model, make_pipeline, progress, random_batches  # noqa: E402
 from common import results_path, revnet_config, write_results  # noqa: E402
+from _launch import launch  # noqa: E402
 from petra_hub.engine import Mode, Schedule, stage_layout  # noqa: E402
 from petra_hub.models.revnet import RevNetConfig  # noqa: E402
 from petra_hub.models.revvit import RevViTConfig, RevViTForImageClassification  # noqa: E402
+from petra_hub.testing.malloc import malloc_available, steady_state_growth  # noqa: E402
 from petra_hub.testing.models import FAST_WIDTHS, RECIPE_WIDTH, doubling_widths, small_revvit_config  # noqa: E402
 
 BUFFER_MODES = [Mode.DELAYED, Mode.INPUT_BUFFER, Mode.WEIGHT_STASH, Mode.PETRA]
@@ -57,10 +59,12 @@ class StageMemory:
     activation_bytes: int  # at the measured micro-batch
     stash_bytes: int
     gradient_bytes: int
+    message_bytes: int = 0  # at the measured micro-batch: messages delivered to the stage for its next tick
 
     def buffer_bytes(self, scale: float) -> float:
-        """Activations scaled to the target micro-batch, plus weight copies (batch independent)."""
-        return self.activation_bytes * scale + self.stash_bytes
+        """Activations and waiting messages scaled to the target micro-batch, plus weight copies (batch
+        independent)."""
+        return (self.activation_bytes + self.message_bytes) * scale + self.stash_bytes
 
 
 @dataclass
@@ -75,6 +79,9 @@ class ModeResult:
 
     def stash_bytes(self) -> int:
         return sum(s.stash_bytes for s in self.stages)
+
+    def message_bytes(self) -> int:
+        return sum(s.message_bytes for s in self.stages)
 
 
 # -- measuring -----------------------------------------------------------------------------------------------------
@@ -108,12 +115,13 @@ def measure(model, mode: Mode, batch: int, image_size: int) -> ModeResult:
             raise RuntimeError(f"{mode.value}: stage {i} holds {len(in_flight[i])} micro-batches, expected "
                                f"{schedule.in_flight(i)}")
         if mode.pipelined:
-            activations, stash = stats.activation_bytes, stats.stash_bytes
-        elif stats.activation_bytes or stats.stash_bytes:
+            activations, stash, messages = stats.activation_bytes, stats.stash_bytes, stats.message_bytes
+        elif stats.activation_bytes or stats.stash_bytes or stats.message_bytes:
             raise RuntimeError(f"{mode.value}: stage {i} holds buffers between micro-batches")
         else:
-            activations, stash = stats.peak_bytes - stats.gradient_bytes, 0
-        result.stages.append(StageMemory(i, layout[i], len(in_flight[i]), activations, stash, stats.gradient_bytes))
+            activations, stash, messages = stats.peak_bytes - stats.gradient_bytes, 0, 0
+        result.stages.append(
+            StageMemory(i, layout[i], len(in_flight[i]), activations, stash, stats.gradient_bytes, messages))
     del pipeline, memory  # reference counting frees the buffers; a full gc.collect() per run costs ~0.25 s
     model.zero_grad(set_to_none=True)
     return result
@@ -149,7 +157,7 @@ def totals(results: dict[str, ModeResult], params: int, scale: float) -> dict:
 
     def total(result: ModeResult, with_stem: bool) -> float:
         activations = sum(s.activation_bytes for s in result.stages if with_stem or s.kind != "S")
-        return params + activations * scale + result.stash_bytes()
+        return params + (activations + result.message_bytes()) * scale + result.stash_bytes()
 
     delayed = results.get(Mode.DELAYED.value)
     summary = {}
@@ -165,6 +173,7 @@ def totals(results: dict[str, ModeResult], params: int, scale: float) -> dict:
             "activations_gb": result.activation_bytes() * scale / GB,
             "stem_gb": result.stages[0].activation_bytes * scale / GB,
             "stash_gb": result.stash_bytes() / GB,
+            "messages_gb": result.message_bytes() * scale / GB,
             "params_gb": params / GB,
             "total_gb": with_stem / GB,
             "total_without_stem_gb": without_stem / GB,
@@ -238,6 +247,29 @@ def table6_counterpart(presets, batch, fast) -> dict:
     return summary
 
 
+def process_growth_job(rank, world_size, mode: str, widths: list[int], batch: int) -> dict:
+    """On one rank: what the pipeline's buffers add to the process (engine process view, per-stage sum, malloc)."""
+    torch.manual_seed(0)
+    model = build_model(RevNetConfig(block_type="basic", depths=[2, 2, 2, 2], hidden_sizes=widths,
+                                     embedding_size=widths[0], stem="cifar", num_labels=10))  # fmt: skip
+    batches = random_batches(4, batch, 32)
+    pipeline = make_pipeline(model.get_stages(), Mode(mode))
+    return steady_state_growth(pipeline, lambda step: batches[step % len(batches)])
+
+
+def process_check(modes, widths: list[int], batch: int, world_sizes=(1, 2)) -> dict:
+    """The engine's accounting against the allocator: RevNet18 (CIFAR stem, 32x32) in fresh processes, one rank
+    holding all 10 stages and two ranks holding 5 each."""
+    summary = {}
+    for mode in modes:
+        for world_size in world_sizes:
+            per_rank = launch(process_growth_job, world_size, mode.value, widths, batch, deadline=900)
+            summary.setdefault(mode.value, {})[str(world_size)] = per_rank
+            ratios = ", ".join(f"{g['malloc_bytes'] / g['process_bytes']:.3f}" for g in per_rank)
+            progress(f"process check {mode.value}, {world_size} process(es): malloc / engine {ratios}")
+    return {"widths": widths, "batch": batch, "image_size": 32, "modes": summary}
+
+
 # -- main ----------------------------------------------------------------------------------------------------------
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -256,6 +288,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-checks", action="store_true", help="skip the micro-batch and image-size scaling checks")
     parser.add_argument("--no-depth-study", action="store_true", help="skip memory against J")
     parser.add_argument("--no-table6", action="store_true", help="skip the CIFAR per-stage counterpart of Table 6")
+    parser.add_argument("--no-process-check", action="store_true",
+                        help="skip checking the engine's accounting against malloc in 1 and 2 processes")
     add_out_argument(parser, "memory")
     args = parser.parse_args(argv)
     if args.image_size is None:
@@ -315,7 +349,7 @@ def main(argv=None) -> dict:
         del model
         gc.collect()
     if args.revvit:
-        args.no_checks = args.no_depth_study = args.no_table6 = True  # RevNet studies
+        args.no_checks = args.no_depth_study = args.no_table6 = args.no_process_check = True  # RevNet studies
 
     if not args.no_checks:
         preset, downsampling = args.models[0], args.downsampling[0]
@@ -338,6 +372,13 @@ def main(argv=None) -> dict:
     if not args.no_table6:
         presets = [p for p in args.models if p in ("revnet18", "revnet34")] or args.models[:1]
         report["table6"] = table6_counterpart(presets, args.batch, args.fast)
+
+    if not args.no_process_check:
+        if malloc_available():
+            widths = FAST_WIDTHS["basic"] if args.fast else doubling_widths(RECIPE_WIDTH)
+            report["process_check"] = process_check([m for m in BUFFER_MODES if m in modes], widths, 16)
+        else:
+            progress("process check skipped: it reads glibc's mallinfo2, which this C library lacks")
 
     report["seconds"] = time.perf_counter() - started
     progress(f"measured in {report['seconds']:.0f} s (after imports) with {torch.get_num_threads()} threads")

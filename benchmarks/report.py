@@ -98,23 +98,26 @@ def memory_totals(r, arg):
     for name, s in model["summary"].items():
         rows.append([
             name if s["pipelined"] else f"{name} (1 micro-batch)", s["input_buffer"], s["weight_stash"],
-            f"{s['activations_gb']:.2f}", f"{s['stem_gb']:.2f}", f"{s['stash_gb']:.2f}", f"{s['params_gb']:.3f}",
+            f"{s['activations_gb']:.2f}", f"{s['stem_gb']:.2f}", f"{s['messages_gb']:.2f}", f"{s['stash_gb']:.2f}",
+            f"{s['params_gb']:.3f}",
             f"**{s['total_gb']:.2f}**", percent(s["saving_vs_delayed"]), f"{s['total_without_stem_gb']:.2f}",
             percent(s["saving_vs_delayed_without_stem"]),
         ])  # fmt: skip
     header = [
         "configuration", "input buffer", "weight stash", "activations (GB)", "of which stem (GB)",
-        "weight stash (GB)", "model (GB)", "model + buffers (GB)", "saving vs delayed",
+        "messages waiting (GB)", "weight stash (GB)", "model (GB)", "model + buffers (GB)", "saving vs delayed",
         "model + buffers without the stem's buffer (GB)", "saving",
     ]  # fmt: skip
-    return table(header, rows, "lll" + "r" * 8)
+    return table(header, rows, "lll" + "r" * 9)
 
 
 def memory_stages(r, arg):
-    """Per stage: activations (scaled) plus weight stash, in GB, one column per configuration."""
+    """Per stage: activations and waiting messages (scaled) plus weight stash, in GB, one column per
+    configuration."""
     modes, scale = need(r["models"], arg.replace("-", " "))["modes"], r["scale"]
     names = list(modes)
-    buffers = {n: [s["activation_bytes"] * scale + s["stash_bytes"] for s in modes[n]["stages"]] for n in names}
+    buffers = {n: [(s["activation_bytes"] + s["message_bytes"]) * scale + s["stash_bytes"] for s in modes[n]["stages"]]
+               for n in names}  # fmt: skip
     pipelined = [n for n in names if any(s["in_flight"] for s in modes[n]["stages"])]
     rows = []
     for i, stage in enumerate(modes[names[0]]["stages"]):
@@ -139,6 +142,20 @@ def memory_check(r, arg):
         f"ratio (expected {expected:.4f})", "per-stage ratios", "stash unchanged",
     ]  # fmt: skip
     return table(header, rows, "lrrrrl")
+
+
+def memory_process_check(r, arg=None):
+    check = need(r, "process_check")
+    rows = []
+    for mode, runs in check["modes"].items():
+        for world_size, per_rank in runs.items():
+            for rank, g in enumerate(per_rank):
+                rows.append([mode, world_size, rank, mib(g["process_bytes"]), mib(g["malloc_bytes"]),
+                             f"**{g['malloc_bytes'] / g['process_bytes']:.3f}**", mib(g["stage_bytes"]),
+                             f"{g['stage_bytes'] / g['process_bytes']:.2f}"])  # fmt: skip
+    header = ["mode", "processes", "rank", "engine, this process (MiB)", "malloc (MiB)", "malloc / engine",
+              "engine, one device per stage (MiB)", "one device per stage / this process"]  # fmt: skip
+    return table(header, rows, "lrrrrrrr")
 
 
 def memory_depth(r, arg):
@@ -766,6 +783,7 @@ RENDERERS = {
         "totals": memory_totals,
         "stages": memory_stages,
         "check": memory_check,
+        "process-check": memory_process_check,
         "depth": memory_depth,
         "table6": memory_table6,
     },

@@ -5,7 +5,8 @@ import json
 
 def test_fast_run_reports_buffers_per_configuration(memory_benchmark, report, tmp_path):
     out = tmp_path / "memory.json"
-    arguments = ["--fast", "--models", "revnet18", "--no-depth-study", "--no-table6", "--out", str(out)]
+    arguments = ["--fast", "--models", "revnet18", "--no-depth-study", "--no-table6", "--no-process-check",
+                 "--out", str(out)]
     results = memory_benchmark.main(arguments)
     assert json.loads(out.read_text())["models"].keys() == results["models"].keys()
     rendered = report.render("memory/totals/revnet18-buffered", tmp_path)
@@ -26,7 +27,13 @@ def test_fast_run_reports_buffers_per_configuration(memory_benchmark, report, tm
         assert stage["stash_bytes"] == 0
     # The stem keeps 2(J-1) image micro-batches (2 x 3 x 32 x 32 float32) in every pipelined configuration.
     assert modes["petra"]["stages"][0]["activation_bytes"] == 2 * (J - 1) * 2 * 3 * 32 * 32 * 4
+    # Messages: every stage but the head waits for an input and a gradient; PETRA's also get outputs back.
+    for name, result in modes.items():
+        waiting = [s["message_bytes"] for s in result["stages"]]
+        assert all(waiting[:-1]) if name in ("delayed", "petra") else True
     summary = buffered["summary"]
+    assert summary["petra"]["messages_gb"] > summary["delayed"]["messages_gb"] > 0
+    assert summary["backprop"]["messages_gb"] == summary["reversible_backprop"]["messages_gb"] == 0
     assert summary["delayed"]["total_gb"] > summary["input_buffer"]["total_gb"] > summary["petra"]["total_gb"]
     assert summary["delayed"]["total_gb"] > summary["weight_stash"]["total_gb"] > summary["petra"]["total_gb"]
 
@@ -59,3 +66,21 @@ def test_revvit_rows_keep_nothing_at_reversible_blocks(memory_benchmark, report,
     assert "| petra |" in report.render("memory_revvit/totals/revvit_tiny-patch4", tmp_path)
     with pytest.raises(SystemExit):
         memory_benchmark.parse_args(["--revvit", "revvit-tiny"])  # not mixed with RevNets
+
+
+def test_process_check_compares_the_engine_with_malloc(memory_benchmark, report, tmp_path):
+    import pytest
+
+    from petra_hub.engine import Mode
+    from petra_hub.testing.malloc import malloc_available
+    from petra_hub.testing.models import FAST_WIDTHS
+
+    if not malloc_available():
+        pytest.skip("needs glibc's mallinfo2")
+    # in this process: the spawned ranks of `process_check` could not import a benchmark loaded by path
+    growth = memory_benchmark.process_growth_job(0, 1, Mode.DELAYED.value, FAST_WIDTHS["basic"], 8)
+    check = {"widths": FAST_WIDTHS["basic"], "batch": 8, "image_size": 32, "modes": {"delayed": {"1": [growth]}}}
+    assert abs(growth["malloc_bytes"] / growth["process_bytes"] - 1) < 0.10, growth
+    assert growth["stage_bytes"] > growth["process_bytes"]  # one process shares streams that devices would not
+    (tmp_path / "memory.json").write_text(json.dumps({"benchmark": "memory", "process_check": check}))
+    assert "| delayed | 1 | 0 |" in report.render("memory/process-check", tmp_path)

@@ -24,11 +24,12 @@ class MemoryStats:
     activation_bytes: int = 0  # stored inputs, or kept autograd graphs, waiting for their backward
     stash_bytes: int = 0  # weight copies kept for the backward of in-flight micro-batches
     gradient_bytes: int = 0  # gradient accumulators (.grad) of the stage's parameters
+    message_bytes: int = 0  # messages delivered to the stage and waiting for its next tick
     peak_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
-        return self.activation_bytes + self.stash_bytes + self.gradient_bytes
+        return self.activation_bytes + self.stash_bytes + self.gradient_bytes + self.message_bytes
 
 
 @dataclass
@@ -44,11 +45,12 @@ class StageCounters:
     grad_norm: float | None = None  # with clipping: norm of the averaged gradient of the last update, before clipping
 
 
-def nbytes(values: Iterable[torch.Tensor], exclude: Iterable[torch.Tensor] = ()) -> int:
+def nbytes(values: Iterable[torch.Tensor], exclude: Iterable[torch.Tensor] = (), seen: set | None = None) -> int:
     """Bytes held by distinct storages among `values` (views of one storage count once), leaving out the storages
-    of `exclude` (e.g. the parameters)."""
+    of `exclude` (e.g. the parameters) and those already in `seen` (which gains the ones counted here)."""
     skipped = {(t.untyped_storage().data_ptr(), t.device) for t in exclude}
-    seen, total = set(), 0
+    seen = set() if seen is None else seen
+    total = 0
     for tensor in values:
         storage = tensor.untyped_storage()
         key = (storage.data_ptr(), tensor.device)
@@ -71,6 +73,13 @@ def recording_saved_tensors(exclude: Iterable[torch.Tensor] = ()) -> Iterator[li
 
     with torch.autograd.graph.saved_tensors_hooks(pack, _identity):
         yield saved
+
+
+def memory_of(held: dict[str, list[torch.Tensor]], seen: set | None = None) -> MemoryStats:
+    """`MemoryStats` of tensors by kind ("activation", "stash", "gradient", "message"), each storage counted once
+    (in the first kind that holds it); `seen` carries the storages already counted across calls."""
+    seen = set() if seen is None else seen
+    return MemoryStats(**{f"{kind}_bytes": nbytes(tensors, seen=seen) for kind, tensors in held.items()})
 
 
 def graph_bytes(module: nn.Module, inputs: Activation) -> int:

@@ -160,6 +160,10 @@ class Pipeline(Readings):
         self.trace = Trace(dist.get_rank() if distributed else 0) if trace else None
         self.kept_graphs = kept_graphs(self.stages, self.mode, self.local, keep_graphs, memory_budget,
                                        profile_batch[0] if profile_batch is not None else None)
+        reconstructs = [self.mode.reconstructs and bool(getattr(s, "reversible", False)) for s in self.stages]
+        self.router = Router(
+            self.rank, self.local, len(self.stages), reconstructs, self.schedule, self.transport, self.precision.messages
+        )
         self.workers: dict[int, StageWorker] = {}
         reduce = None if self.replicas is None else functools.partial(  # replicas average gradients before updates
             average_gradients, group=self.replicas.peer_group, size=data_parallel_size)
@@ -187,11 +191,8 @@ class Pipeline(Readings):
                 trace=self.trace,
                 weight_prediction=weight_prediction,
                 keep_graph=index in self.kept_graphs,
+                waiting_messages=functools.partial(self.router.waiting, index),
             )
-        reconstructs = [self.mode.reconstructs and bool(getattr(s, "reversible", False)) for s in self.stages]
-        self.router = Router(
-            self.rank, self.local, len(self.stages), reconstructs, self.schedule, self.transport, self.precision.messages
-        )
 
         self.tick = 0  # ticks run so far
         self.fed = 0  # micro-batches fed so far

@@ -3,7 +3,7 @@ None of it changes the pipeline's state; `trace_events` alone is a collective.""
 
 from __future__ import annotations
 
-from .accounting import MemoryStats, StageCounters
+from .accounting import MemoryStats, StageCounters, memory_of
 from .errors import PipelineError
 from .trace import Event, gather_events
 
@@ -59,7 +59,20 @@ class Readings:
         return {index: worker.counters for index, worker in self.workers.items()}
 
     def memory(self) -> dict[int, MemoryStats]:
+        """Per local stage, the bytes its own device would hold: what `StageWorker.held` lists, each storage once."""
         return {index: worker.memory() for index, worker in self.workers.items()}
+
+    def process_memory(self) -> MemoryStats:
+        """The bytes this process holds for all its stages now, each storage counted once even where stages of the
+        process share it (one stage's output stream can be the next one's stored input). `peak_bytes` is this
+        reading. Compare it with the process's own allocator (`petra_hub.testing.malloc_in_use`)."""
+        kinds: dict[str, list] = {}
+        for worker in self.workers.values():
+            for kind, tensors in worker.held().items():
+                kinds.setdefault(kind, []).extend(tensors)
+        stats = memory_of(kinds)
+        stats.peak_bytes = stats.total_bytes
+        return stats
 
     def in_flight(self) -> dict[int, list[int]]:
         """Per local stage, the micro-batches between their forward and their backward (the FIFO)."""

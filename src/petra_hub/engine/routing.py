@@ -16,7 +16,7 @@ import torch
 from .messages import Part, decode, encode, message_bytes, round_trip
 from .protocol import HEADER_LENGTH, Header, Moment, check, header_for
 from .schedule import Schedule
-from .tensors import Activation
+from .tensors import Activation, as_tuple
 from .transport import ActivationSpec, Incoming, NeighbourTransport, Outgoing, Posted
 
 FORWARD_TAG, BACKWARD_TAG, INFER_TAG, HEADER_TAG, PROBE_FORWARD_TAG, PROBE_BACKWARD_TAG = 1, 2, 3, 4, 5, 6
@@ -91,6 +91,12 @@ class Router:
             self._mail[(index - 1, "backward")][micro_batch] = _returned_and_gradient(values)
         else:
             outgoing.append(Outgoing(self.rank - 1, BACKWARD_TAG, encode(values, parts)))
+
+    def waiting(self, index: int) -> list[torch.Tensor]:
+        """The tensors of the messages delivered to stage `index` and not yet consumed: its device holds them."""
+        forward = list(self._mail.get((index, "forward"), {}).values())
+        backward = [value for pair in self._mail.get((index, "backward"), {}).values() for value in pair]
+        return [t for value in forward + backward if value is not None for t in as_tuple(value)]
 
     def leftovers(self) -> list[tuple[int, str]]:
         return [key for key, box in self._mail.items() if box]

@@ -12,7 +12,7 @@ from torch.func import functional_call
 from .batchnorm import frozen_running_stats
 from .errors import PipelineError
 from .fidelity import StageProbe
-from .accounting import MemoryStats, StageCounters, nbytes, recording_saved_tensors, relative_error
+from .accounting import MemoryStats, StageCounters, memory_of, recording_saved_tensors, relative_error
 from .modes import Mode
 from .pending import Pending, stashed_weights
 from .prediction import WeightPredictor
@@ -63,8 +63,10 @@ class StageWorker:
         trace: Trace | None = None,
         weight_prediction: float = 0.0,
         keep_graph: bool = False,
+        waiting_messages: Callable[[], list[torch.Tensor]] = list,
     ):
         self.index = index
+        self.waiting_messages = waiting_messages  # the tensors delivered to this stage for its next tick
         self.trace = trace
         self.stage = stage
         self.mode = mode
@@ -285,11 +287,17 @@ class StageWorker:
         """Micro-batches forwarded here and not yet backpropagated (the FIFO)."""
         return list(self._pending)
 
+    def held(self) -> dict[str, list[torch.Tensor]]:
+        """The tensors this stage's device holds for training, by kind (`MemoryStats`' fields)."""
+        return {
+            "activation": [t for p in self._pending.values() for t in p.tensors()],
+            "stash": [w for p in self._pending.values() if p.weights is not None for w in p.weights],
+            "message": self.waiting_messages(),
+            "gradient": [p.grad for p in self.params if p.grad is not None],
+        }
+
     def memory(self) -> MemoryStats:
-        activations = nbytes(t for p in self._pending.values() for t in p.tensors())
-        stash = nbytes(w for p in self._pending.values() if p.weights is not None for w in p.weights)
-        gradients = nbytes(p.grad for p in self.params if p.grad is not None)
-        stats = MemoryStats(activations, stash, gradients)
+        stats = memory_of(self.held())
         self._peak = max(self._peak, stats.total_bytes)
         stats.peak_bytes = self._peak
         return stats

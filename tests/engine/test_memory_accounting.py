@@ -1,0 +1,108 @@
+"""Memory counted the way a device pays for it: the messages waiting between ticks belong to the stage they are
+for, and what one process holds (`process_memory`, each storage once) agrees with glibc's own count of the bytes
+it has handed out (`malloc_in_use`), in one process and in each of two."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from petra_hub.engine import Mode, Pipeline
+from petra_hub.engine.batchnorm import frozen_running_stats
+from petra_hub.engine.tensors import as_tuple
+from petra_hub.testing.malloc import malloc_available, steady_state_growth
+from petra_hub.testing.models import RECIPE_WIDTH, doubling_widths, small_model
+from petra_hub.testing.ranks import run_ranks
+
+needs_glibc = pytest.mark.skipif(not malloc_available(), reason="needs glibc's mallinfo2")
+
+
+def recipe_model():
+    """The recipe's RevNet18 (widths 16..128), float32: buffers of megabytes, far above Python's own objects."""
+    widths = doubling_widths(RECIPE_WIDTH)
+    return small_model("revnet18", dtype=torch.float32, hidden_sizes=widths, embedding_size=RECIPE_WIDTH)
+
+
+def batch(config, size, seed, image_size=32):
+    generator = torch.Generator().manual_seed(seed)
+    images = torch.randn(size, config.num_channels, image_size, image_size, generator=generator)
+    return images, torch.randint(0, config.num_labels, (size,), generator=generator)
+
+
+def output_bytes(stages, images):
+    """Bytes of every stage's output for `images`."""
+    sizes, x = [], images
+    with torch.no_grad():
+        for stage in stages:
+            with frozen_running_stats(stage):
+                x = stage(x)
+            sizes.append(sum(t.numel() * t.element_size() for t in as_tuple(x)))
+    return sizes
+
+
+@pytest.mark.parametrize("mode", ["petra", "delayed"])
+def test_the_messages_waiting_for_a_stage_are_counted_exactly(mode):
+    model = small_model("revnet18", dtype=torch.float32)
+    stages = model.get_stages()
+    J = len(stages)
+    pipeline = Pipeline(stages, F.cross_entropy, mode=mode)
+    for step in range(2 * J):  # past the 2(J-1) ticks of warm-up: every stage has work in both directions
+        pipeline.step(*batch(model.config, 4, step, image_size=8))
+    out = output_bytes(stages, batch(model.config, 4, 0, image_size=8)[0])
+    memory = pipeline.memory()
+    assert memory[0].message_bytes == out[0] * (1 + stages[0].reversible)  # the gradient of its output, no input
+    for i in range(1, J - 1):
+        returned = 1 if Mode(mode).reconstructs and stages[i].reversible else 0  # its output, to rebuild from
+        assert memory[i].message_bytes == out[i - 1] + (1 + returned) * out[i], i
+    assert memory[J - 1].message_bytes == out[J - 2]  # the head runs its backward in the tick of its forward
+    assert all(m.total_bytes == m.activation_bytes + m.stash_bytes + m.gradient_bytes + m.message_bytes
+               for m in memory.values())
+    pipeline.drain()
+    assert all(m.message_bytes == 0 for m in pipeline.memory().values())
+
+
+def test_a_process_counts_a_storage_its_stages_share_once():
+    model = small_model("revnet18", dtype=torch.float32)
+    stages = model.get_stages()
+    for mode in ["delayed", "petra"]:
+        pipeline = Pipeline(stages, F.cross_entropy, mode=mode)
+        for step in range(2 * len(stages)):
+            pipeline.step(*batch(model.config, 4, step, image_size=8))
+        per_stage = sum(m.total_bytes for m in pipeline.memory().values())
+        held = pipeline.process_memory().total_bytes
+        if mode == "delayed":  # a reversible block's second output stream is its stored second input stream
+            assert held < 0.9 * per_stage
+        else:  # PETRA stores no stream a neighbour also holds
+            assert held == per_stage
+        pipeline.drain()
+
+
+def held_against_malloc(mode):
+    """(bytes `process_memory` gained, bytes malloc handed out) between an empty pipeline and its steady state, on
+    this process (one rank of a process group if one is initialised)."""
+    torch.manual_seed(0)
+    model = recipe_model()
+    pipeline = Pipeline(model.get_stages(), F.cross_entropy, mode=mode)
+    growth = steady_state_growth(pipeline, lambda step: batch(model.config, 16, step))
+    return growth["process_bytes"], growth["malloc_bytes"]
+
+
+@needs_glibc
+@pytest.mark.parametrize("mode", ["delayed", "petra"])
+def test_one_process_holds_what_malloc_says_within_10_percent(mode):
+    held, allocated = held_against_malloc(mode)
+    assert held > 10 * 2**20
+    assert abs(allocated / held - 1) < 0.10, (held, allocated)
+
+
+def _two_ranks(rank, world_size, mode):
+    return held_against_malloc(mode)
+
+
+@needs_glibc
+def test_each_of_two_processes_holds_what_malloc_says_within_10_percent(tmp_path):
+    results, codes, _ = run_ranks(_two_ranks, 2, "petra", out_dir=tmp_path, deadline=200)
+    assert codes == [0, 0], results
+    for rank, result in enumerate(results):
+        held, allocated = result["value"]
+        assert held > 2**20, rank
+        assert abs(allocated / held - 1) < 0.10, (rank, held, allocated)
