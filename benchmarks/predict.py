@@ -1,16 +1,18 @@
 #!/usr/bin/env python
 """PREDICTIONS, not measurements: PETRA against naive model parallelism on more devices than this machine has.
 
-    python benchmarks/predict.py            # RevNet18 at the paper's widths, CIFAR 32x32, micro-batch 64 (~2 min)
-    python benchmarks/predict.py --quick    # recipe widths, micro-batch 8: predict-quick.json
+    python benchmarks/predict.py            # RevNet18/34/50 at the paper's widths, CIFAR 32x32, micro-batch 64
+                                            # (~15 min): benchmarks/results/predict.json
+    python benchmarks/predict.py --quick    # RevNet18 at recipe widths, micro-batch 8: predict-quick.json
 
 The stages are measured here, on one CPU core, under PETRA and under the synchronous reversible backprop
 (`profile_stages`: the same operations, forward and the fused reconstruction and backward, but not the same engine
 overhead per tick). `simulate` then replays PETRA and the synchronous model-parallel reversible backprop
-(the paper's Table 5 baseline, the same operations one micro-batch at a time) on 2 to 10 devices, each device
-running the contiguous group `Placement.auto` gives it, over three links: PCIe 4.0 x16 (25 GB/s, 10 us), NVLink
-(300 GB/s, 5 us), and this machine's loopback as the engine uses it (benchmarks/results/simulator.json). Every
-device is assumed as fast as this core, and the engine's own time per tick is the one measured here.
+(the paper's Table 5 baseline, the same operations one micro-batch at a time) on 2 devices up to one stage per
+device (J = 10 for RevNet18, 18 for RevNet34/50), each device running the contiguous group `Placement.auto` gives
+it, over three links: PCIe 4.0 x16 (25 GB/s, 10 us), NVLink (300 GB/s, 5 us), and this machine's loopback as the
+engine uses it (benchmarks/results/simulator.json). Every device is assumed as fast as this core, and the engine's
+own time per tick is the one measured here.
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ from common import results_path, revnet_config, write_results  # noqa: E402
 from petra_hub.engine import Placement, profile_stages, simulate  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH  # noqa: E402
 
-DEVICES = (2, 4, 5, 10)
+DEVICES = {10: (2, 4, 5, 10), 18: (2, 6, 9, 18)}  # by number of stages J: 2 devices up to one stage each
+MODELS = ("revnet18", "revnet34", "revnet50")
 PAPER_TABLE5 = {"revnet18": {"devices": 10, "speedup": 3.0}, "revnet34": {"devices": 18, "speedup": 2.4}}
-
 
 def links() -> dict[str, tuple[float, float]]:
     """name -> (bandwidth B/s, latency s per message)."""
@@ -51,24 +53,20 @@ def links() -> dict[str, tuple[float, float]]:
     return chosen
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true")
-    add_out_argument(parser, "predict")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    batch = 8 if args.quick else 64
-    config = revnet_config("revnet18", width=QUICK_WIDTH if args.quick else None, stem="cifar", num_labels=10)
+def predict_model(preset: str, quick: bool) -> dict:
+    """Profile `preset` here and simulate it on every device count of its J and every link."""
+    batch = 8 if quick else 64
+    config = revnet_config(preset, width=QUICK_WIDTH if quick else None, stem="cifar", num_labels=10)
     stages = build_model(config).get_stages()
-    progress(f"profiling RevNet18 ({'recipe' if args.quick else 'paper'} widths, {len(stages)} stages), CIFAR "
-             f"32x32, micro-batch {batch}, one thread")
+    progress(f"profiling {preset} ({'recipe' if quick else 'paper'} widths, {len(stages)} stages), CIFAR 32x32, "
+             f"micro-batch {batch}, one thread")
     sample = random_batches(1, batch, 32)[0]
     costs = profile_stages(stages, sample, cross_entropy, repeats=3, warmup=1)
     naive_costs = profile_stages(stages, sample, cross_entropy, mode="reversible_backprop", repeats=3, warmup=1)
     ideal = sum(c.compute_s for c in costs) / max(c.compute_s for c in costs)
     rows = []
     for name, (bandwidth, latency) in links().items():
-        for devices in DEVICES:
+        for devices in DEVICES[len(stages)]:
             placement = Placement.auto(costs, devices, link_bandwidth=bandwidth, latency=2 * latency)
             petra = simulate("petra", costs, placement, bandwidth, latency)
             naive = simulate("reversible_backprop", naive_costs, placement, bandwidth, latency, micro_batches=8)
@@ -77,7 +75,7 @@ def main(argv=None) -> dict:
                          "petra_s": petra.time_per_micro_batch, "naive_s": naive.time_per_micro_batch,
                          "speedup": naive.time_per_micro_batch / petra.time_per_micro_batch, "partition_cap": cap,
                          "petra_utilisation": list(petra.utilisation)})
-            progress(f"{name:32s} {devices:2d} devices {rows[-1]['partition']}: PETRA "
+            progress(f"{preset} {name:32s} {devices:2d} devices {rows[-1]['partition']}: PETRA "
                      f"{1e3 * petra.time_per_micro_batch:.0f} ms, naive {1e3 * naive.time_per_micro_batch:.0f} ms, "
                      f"{rows[-1]['speedup']:.2f}x (this split's cap {cap:.2f}x)")
     fast = {}  # devices 100x faster than this core, the engine's own time per tick and the link unchanged
@@ -88,15 +86,25 @@ def main(argv=None) -> dict:
         petra = simulate("petra", quick_costs, placement, bandwidth, latency)
         naive = simulate("reversible_backprop", quick_naive, placement, bandwidth, latency, micro_batches=8)
         fast[name] = naive.time_per_micro_batch / petra.time_per_micro_batch
-        progress(f"{name:32s} 10 devices 100x faster than this core: {fast[name]:.2f}x")
-    out = results_path(args.out, "predict", args.quick)
-    settings = {"model": "revnet18", "widths": list(config.hidden_sizes), "image_size": 32, "micro_batch": batch,
-                "num_stages": len(stages), "threads": 1}
-    return write_results(out, "predict", "predict.py", argv, settings, prediction=True,
-                         stage_costs=[vars(c) for c in costs], naive_stage_costs=[vars(c) for c in naive_costs],
-                         ideal_one_stage_per_device=ideal, rows=rows, hundredfold_faster_devices=fast,
-                         paper_table5=PAPER_TABLE5)
+        progress(f"{preset} {name:32s} {len(costs)} devices 100x faster than this core: {fast[name]:.2f}x")
+    return {"widths": list(config.hidden_sizes), "micro_batch": batch, "num_stages": len(stages),
+            "stage_costs": [vars(c) for c in costs], "naive_stage_costs": [vars(c) for c in naive_costs],
+            "ideal_one_stage_per_device": ideal, "rows": rows, "hundredfold_faster_devices": fast}
 
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="recipe widths, micro-batch 8 (RevNet18 unless --models)")
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=None,
+                        help="presets to predict (default: all three; RevNet18 with --quick)")
+    add_out_argument(parser, "predict")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    presets = args.models or (["revnet18"] if args.quick else list(MODELS))
+    models = {preset: predict_model(preset, args.quick) for preset in presets}
+    settings = {"models": presets, "image_size": 32, "quick": args.quick, "threads": 1}
+    return write_results(results_path(args.out, "predict", args.quick), "predict", "predict.py", argv, settings,
+                         prediction=True, models=models, paper_table5=PAPER_TABLE5)
 
 if __name__ == "__main__":
     main()

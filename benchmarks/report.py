@@ -627,12 +627,54 @@ def simulator_main(r, arg=None):
 
 
 def predict_main(r, arg=None):
-    """PREDICTED speed-ups of PETRA over synchronous model-parallel reversible backprop, by link and device count."""
-    rows = [[row["link"], row["devices"], ",".join(map(str, row["partition"])), ms(row["petra_s"]), ms(row["naive_s"]),
-             f"**{row['speedup']:.2f}x**", f"{row['partition_cap']:.2f}x"] for row in need(r, "rows")]
-    header = ["link (predicted)", "devices", "stages per device (Placement.auto)", "PETRA ms / micro-batch",
-              "naive ms / micro-batch", "speed-up", "compute cap of the split"]
-    return table(header, rows, "lrlrrrr")
+    """PREDICTED speed-ups of PETRA over synchronous model-parallel reversible backprop, by model, link and device
+    count (results before RevNet34/50 were added hold RevNet18 alone, at the top level)."""
+    models = r.get("models") or {"revnet18": r}
+    rows = [[preset.replace("revnet", "RevNet"), row["link"], row["devices"], ",".join(map(str, row["partition"])),
+             ms(row["petra_s"]), ms(row["naive_s"]), f"**{row['speedup']:.2f}x**", f"{row['partition_cap']:.2f}x"]
+            for preset, model in models.items() for row in need(model, "rows")]  # fmt: skip
+    header = ["model", "link (predicted)", "devices", "stages per device (Placement.auto)", "PETRA ms / micro-batch",
+              "naive ms / micro-batch", "speed-up", "compute cap of the split"]  # fmt: skip
+    return table(header, rows, "llrlrrrr")
+
+
+def predict_costs(r, arg=None):
+    """Per model: the measured stage costs the predictions start from, the one-stage-per-device cap, and the
+    predicted speed-up with devices 100x faster than this core."""
+    rows = []
+    for preset, model in need(r, "models").items():
+        costs = [1e3 * (c["forward_s"] + c["backward_s"] + c["update_s"]) for c in model["stage_costs"]]
+        fast = " / ".join(f"{x:.1f}x" for x in model["hundredfold_faster_devices"].values())
+        paper = r["paper_table5"].get(preset)
+        rows.append([preset.replace("revnet", "RevNet"), model["num_stages"], f"{sum(costs):.0f}",
+                     f"{max(costs):.0f}", f"**{model['ideal_one_stage_per_device']:.2f}x**", fast,
+                     f"{paper['speedup']}x on {paper['devices']} GPUs" if paper else "-"])  # fmt: skip
+    links = " / ".join(next(iter(r["models"].values()))["hundredfold_faster_devices"])
+    header = ["model", "J", "sum of stage costs (ms)", "largest stage (ms)", "one stage per device: cap sum / max",
+              f"predicted, J devices 100x faster ({links})", "paper Table 5 (measured, GPUs)"]  # fmt: skip
+    return table(header, rows, "lrrrrll")
+
+
+def overhead_main(r, arg=None):
+    """Plain backprop against one-process PETRA: wall time, time in operators and outside them, then the operators
+    that cost most, per micro-batch (medians over the windows)."""
+    plain, petra = need(r, "plain"), need(r, "petra")
+
+    def row(label, a, b, calls=("", "")):
+        return [label, calls[0], ms(a), calls[1], ms(b), f"{1e3 * (b - a):+.1f}"]
+
+    rows = [row("**wall time**, not profiled", plain["unprofiled_wall_s"], petra["unprofiled_wall_s"]),
+            row("in operators (self CPU time, profiled)", plain["in_ops_s"], petra["in_ops_s"]),
+            row("outside operators: Python, the loop, the engine (difference of the two above)",
+                plain["unprofiled_wall_s"] - plain["in_ops_s"], petra["unprofiled_wall_s"] - petra["in_ops_s"]),
+            row("wall time under the profiler", plain["wall_s"], petra["wall_s"])]  # fmt: skip
+    top = sorted(set(plain["ops"]) | set(petra["ops"]),
+                 key=lambda k: -max(plain["ops"].get(k, [0, 0])[1], petra["ops"].get(k, [0, 0])[1]))[:16]
+    for key in top:
+        (ca, ta), (cb, tb) = plain["ops"].get(key, [0, 0]), petra["ops"].get(key, [0, 0])
+        rows.append(row(f"`{key}`", ta, tb, (f"{ca:g}", f"{cb:g}")))
+    header = ["per micro-batch", "plain: calls", "plain (ms)", "PETRA: calls", "PETRA (ms)", "PETRA - plain (ms)"]
+    return table(header, rows, "lrrrrr")
 
 
 # -- numerics --------------------------------------------------------------------------------------------------------
@@ -807,7 +849,8 @@ RENDERERS = {
     "simulator": {"main": simulator_main},
     "kept_graphs": {"main": kept_graphs_main},
     "delay_sensitivity": {"main": delay_sensitivity_main},
-    "predict": {"main": predict_main},
+    "predict": {"main": predict_main, "costs": predict_costs},
+    "overhead": {"main": overhead_main},
     "messages": {"main": messages_main},
     "compile": {"main": from_benchmark("compile")},
     "gpu": {"main": from_benchmark("gpu")},

@@ -35,7 +35,7 @@ class StageCost:
     update_s: float
     forward_bytes: int  # what it sends to the next stage per micro-batch (0 for the last)
     backward_bytes: int  # what it sends back to the previous stage (gradient, and its input when that one rebuilds)
-    held_bytes: int  # peak bytes held for pending backwards and gradients, plus its parameters
+    held_bytes: int  # peak bytes held for pending backwards, waiting messages and gradients, plus its parameters
     overhead_s: float = 0.0  # the engine's own time per tick (routing, bookkeeping), an equal share per stage
 
     @property

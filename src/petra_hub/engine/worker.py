@@ -221,9 +221,10 @@ class StageWorker:
         scale = 1.0 / len(self.group)
         if self.loss_scale is not None:
             scale /= self.loss_scale.scale
-        for param in self.params:
-            if param.grad is not None:
-                param.grad.mul_(scale)
+        if scale != 1.0:  # k = 1 without loss scaling: nothing to average
+            for param in self.params:
+                if param.grad is not None:
+                    param.grad.mul_(scale)
         if self.loss_scale is not None and self._skip_overflowed_group():
             return False
         if self.reduce_gradients is not None:
