@@ -23,8 +23,9 @@ class LaunchError(RuntimeError):
 def launch(function, world_size: int, *args, deadline: float = 3600.0, pg_timeout: float = 600.0, env=None) -> list:
     """Run `function(rank, world_size, *args)` (a module-level function) on `world_size` spawned processes, with
     `env` added to their environment, and return the per-rank values; raise LaunchError if a rank fails."""
-    with mock.patch.dict(os.environ, env or {}):  # the children inherit it at start-up
-        results, codes, _ = run_ranks(function, world_size, *args, deadline=deadline, pg_timeout=pg_timeout)
+    with mock.patch.dict(os.environ, env or {}):  # the children inherit it at start-up: fresh processes
+        results, codes, _ = run_ranks(function, world_size, *args, deadline=deadline, pg_timeout=pg_timeout,
+                                      start_method="spawn" if env else "forkserver")
     for rank, (result, code) in enumerate(zip(results, codes)):
         if result is None or "error" in result:
             detail = result["traceback"] if result else f"exit code {code} (None: killed at the {deadline:g}s deadline)"

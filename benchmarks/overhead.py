@@ -29,7 +29,6 @@ if str(HERE) not in sys.path:
 from _launch import SINGLE_THREAD_ENV  # noqa: E402 (imports no torch)
 
 os.environ.update(SINGLE_THREAD_ENV)
-os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # the profiler's start/stop lines would bury the progress lines
 
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402

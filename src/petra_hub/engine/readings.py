@@ -65,7 +65,7 @@ class Readings:
     def process_memory(self) -> MemoryStats:
         """The bytes this process holds for all its stages now, each storage counted once even where stages of the
         process share it (one stage's output stream can be the next one's stored input). `peak_bytes` is this
-        reading. Compare it with the process's own allocator (`petra_hub.testing.malloc_in_use`)."""
+        reading. Compare it with the process's own allocator (`petra_hub.testing.malloc.malloc_in_use`)."""
         kinds: dict[str, list] = {}
         for worker in self.workers.values():
             for kind, tensors in worker.held().items():

@@ -1,7 +1,8 @@
-"""Run a function on N fresh CPU processes joined in a gloo group, with a hard deadline (tests, benchmarks).
+"""Run a function on N new CPU processes joined in a gloo group, with a hard deadline (tests, benchmarks).
 
-Every process runs with one intra-op thread: the environment is set before the children start, because a spawned
-child imports torch while unpickling its target, before any code of ours runs in it. A process that raises reports
+Every process runs with one intra-op thread: the environment is set before the children start, because torch
+reads it when it is imported, which happens in the fork server (or, spawned, while unpickling the target) before
+any code of ours runs. A process that raises reports
 its error instead of a value; processes still alive at the deadline are killed, so a hung exchange cannot hang the
 caller.
 """
@@ -26,6 +27,10 @@ SINGLE_THREAD_ENV = {
     "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }
+
+
+# imported once by the fork server instead of by every process: a fresh interpreter spends seconds on them
+PRELOADED = ["torch", "torch.distributed", "petra_hub.engine", "petra_hub.models"]
 
 
 def free_port() -> int:
@@ -68,8 +73,13 @@ def run_ranks(
     deadline: float = 120.0,
     pg_timeout: float = 60.0,
     expendable: tuple[int, ...] = (),
+    start_method: str = "forkserver",
 ) -> tuple[list[dict | None], list[int | None], float]:
     """Start `function(rank, world_size, *args)` (a module-level function) on `world_size` processes.
+
+    By default the processes are forked from a server that has imported torch and petra_hub once (the server
+    starts with the first call and keeps the environment of that moment); `start_method="spawn"` starts each one
+    from scratch, which environment variables read at start-up (glibc's MALLOC_*) need.
 
     Returns (results, exit codes, start time). Each result holds "value" or "error" (+ "traceback"), and "ended"
     (time.time()); a rank that never reported gives None. Processes alive at the deadline are killed (exit code
@@ -78,7 +88,9 @@ def run_ranks(
     os.environ.update(SINGLE_THREAD_ENV)  # inherited by the children before they import torch
     import torch.multiprocessing as mp
 
-    context = mp.get_context("spawn")
+    context = mp.get_context(start_method)
+    if start_method == "forkserver":
+        context.set_forkserver_preload(PRELOADED)
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="petra-ranks-") as scratch:
         folder = str(out_dir) if out_dir is not None else scratch
