@@ -249,9 +249,8 @@ def table6_counterpart(presets, batch, fast) -> dict:
 
 def process_growth_job(rank, world_size, mode: str, widths: list[int], batch: int) -> dict:
     """On one rank: what the pipeline's buffers add to the process (engine process view, per-stage sum, malloc)."""
-    torch.manual_seed(0)
-    model = build_model(RevNetConfig(block_type="basic", depths=[2, 2, 2, 2], hidden_sizes=widths,
-                                     embedding_size=widths[0], stem="cifar", num_labels=10))  # fmt: skip
+    model = build_model(revnet_config("revnet18", stem="cifar", num_labels=10, hidden_sizes=widths,
+                                      embedding_size=widths[0]))  # fmt: skip
     batches = random_batches(4, batch, 32)
     pipeline = make_pipeline(model.get_stages(), Mode(mode))
     return steady_state_growth(pipeline, lambda step: batches[step % len(batches)])

@@ -8,9 +8,9 @@ holding every stage run interleaved windows of N micro-batches at the steady sta
 under `torch.profiler`. Per window: wall time, and each operator's calls and self CPU time per micro-batch;
 reported as medians over the windows. Bare wall time not spent inside any operator is Python: the training loop,
 the engine's bookkeeping, nn.Module calls (under the profiler, wall time also pays the profiler's own cost per
-operator, and PETRA runs more operators). The difference between the two columns says what PETRA's reconstruction costs (the second forward's
-operators), what the engine costs (time outside operators), and what is neither (the same operators running
-slower). Tables: docs/benchmarks-throughput.md (`python benchmarks/report.py`).
+operator, and PETRA runs more operators). The difference between the two columns says what PETRA's
+reconstruction costs (the second forward's operators), what the engine costs (time outside operators), and what
+is neither (the same operators running slower). Tables: docs/benchmarks-throughput.md (`python benchmarks/report.py`).
 """
 
 from __future__ import annotations
