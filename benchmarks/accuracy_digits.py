@@ -10,7 +10,9 @@
 Every run is the recipe's `run(argv)` (`recipes/train_revnet.py`, loaded with `runpy`) in this process, one after
 the other, one intra-op thread; only the mode and k change, and the learning rate follows the paper's linear
 scaling (lr = 0.4 * 32 * k / 256); `--model revvit-tiny` trains the RevViT of `recipes/configs/digits_revvit_tiny.yaml`
-(AdamW, its own learning rate, 30 epochs by default) instead of the recipe's RevNet18. A configuration is `MODE` or `MODE-kN` (e.g. `petra-k4`, `delayed`,
+(AdamW, its own learning rate, 30 epochs by default) instead of the recipe's RevNet18, and `--model
+revvit-tiny-petra` the same ViT under `recipes/configs/digits_revvit_tiny_petra.yaml` (J = 4, no augmentation, 100
+epochs). A configuration is `MODE` or `MODE-kN` (e.g. `petra-k4`, `delayed`,
 `backprop-k2`), optionally with `+REMEDY` (one of `REMEDIES`, e.g. `petra-k1+predict`) and `@PRECISION` (one of
 `PRECISIONS`, e.g. `petra-k1@bf16`). Setup and discussion:
 docs/benchmarks-accuracy.md and docs/benchmarks-precision.md; tables: `python benchmarks/report.py`.
@@ -48,6 +50,8 @@ RECIPE = HERE.parent / "recipes" / "train_revnet.py"
 MODELS = {
     "revnet18": ([], 12.0),  # the recipe's default model, with --learning_rate BASE_LR and --petra_scale_lr
     "revvit-tiny": ([str(HERE.parent / "recipes" / "configs" / "digits_revvit_tiny.yaml")], 30.0),
+    # RevViT-Ti's PETRA recipe: 4 stages, no augmentation, 100 epochs (the file says why)
+    "revvit-tiny-petra": ([str(HERE.parent / "recipes" / "configs" / "digits_revvit_tiny_petra.yaml")], 100.0),
 }
 
 DEFAULT_CONFIGS = ["backprop", "reversible_backprop", "delayed", "petra-k1", "petra-k2", "petra-k4"]
@@ -112,10 +116,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--seeds", nargs="+", type=int, default=None, help="default 0 1 2 (quick: 0)")
     parser.add_argument("--model", choices=list(MODELS), default="revnet18", help="default revnet18")
-    parser.add_argument("--epochs", type=float, default=None, help="default 12, revvit-tiny 30 (quick: 1)")
-    parser.add_argument(
-        "--num-stages", type=int, default=None, help="pipeline stages J (--petra_num_stages); default: the model's 10"
-    )
+    parser.add_argument("--epochs", type=float, default=None,
+                        help="default 12, revvit-tiny 30, revvit-tiny-petra 100 (quick: 1)")
+    parser.add_argument("--num-stages", type=int, default=None,
+                        help="pipeline stages J (--petra_num_stages); default: the model recipe's")
     parser.add_argument("--baseline", type=config_name, default=BASELINE,
                         help=f"the configuration gaps are paired against (default {BASELINE})")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")

@@ -85,6 +85,15 @@ def test_the_revvit_digits_recipe_trains_a_revvit_tiny_with_adamw(tmp_path):
     assert args.num_train_epochs == 30 and args.output_dir == "outputs/revvit-tiny-digits"
 
 
+def test_the_revvit_petra_recipe_trains_4_stages_without_augmentation(tmp_path):
+    config = ROOT / "recipes" / "configs" / "digits_revvit_tiny_petra.yaml"
+    model_args, data_args, args = recipe.parse([str(config)])
+    assert (model_args.model, data_args.dataset, args.petra_mode) == ("revvit-tiny", "digits", "petra")
+    assert (args.optim, args.learning_rate, args.weight_decay) == ("adamw_torch", 5e-4, 0.05)
+    assert (args.petra_num_stages, data_args.augment, args.num_train_epochs) == (4, False, 100)
+    assert args.output_dir == "outputs/revvit-tiny-digits-petra"
+
+
 def test_every_paper_recipe_is_there():
     assert sorted(c.stem for c in CONFIGS) == sorted(PAPER)
 
@@ -277,6 +286,33 @@ def test_a_datasets_image_label_set_from_a_local_folder(tmp_path, datasets_cache
     assert saved["id2label"]["3"] == "three"
     processor = json.loads((out / "preprocessor_config.json").read_text())
     assert processor["size"] == {"height": 16, "width": 16}
+
+
+def test_augment_false_trains_on_the_images_as_evaluation_sees_them(tmp_path, datasets_cache):
+    import datasets
+
+    from petra_hub.training.recipe_data import DataArguments, load_data
+
+    def train_images(args, epoch):
+        train = load_data(args, seed=3, splits={"train"}).train
+        if hasattr(train, "set_epoch"):
+            train.set_epoch(epoch)
+        return torch.stack([train[index]["pixel_values"] for index in range(8)])
+
+    builtin = DataArguments(dataset="digits")
+    assert not torch.equal(train_images(builtin, 0), train_images(builtin, 1))  # shifted differently every epoch
+    plain = DataArguments(dataset="digits", augment=False)
+    test = load_data(plain, seed=3, splits={"test"}).test
+    assert torch.equal(train_images(plain, 0), train_images(plain, 1))
+    assert test[0]["pixel_values"].shape == train_images(plain, 0)[0].shape
+
+    images, labels = digit_images(16)
+    datasets.Dataset.from_dict({"image": images, "label": labels}).cast_column(
+        "label", datasets.ClassLabel(names=NAMES)).save_to_disk(str(tmp_path / "set"))
+    for augment in (True, False):
+        args = DataArguments(dataset_name=str(tmp_path / "set"), train_val_split=0.25, image_size=12, augment=augment)
+        draws = [train_images(args, 0) for _ in range(2)]  # random crops and flips draw anew on every read
+        assert torch.equal(*draws) == (not augment)
 
 
 def test_a_datasets_set_without_a_validation_split_is_split_with_the_seed(tmp_path, datasets_cache):

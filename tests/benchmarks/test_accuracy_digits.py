@@ -17,3 +17,8 @@ def test_each_model_runs_under_its_own_recipe_settings():
     assert not args.petra_scale_lr and args.learning_rate == 5e-4 and args.num_train_epochs == 30
     assert benchmark.parse_args(["--model", "revvit-tiny"]).epochs == 30
     assert benchmark.parse_args([]).epochs == 12
+    model_args, data_args, args = recipe.parse(benchmark.recipe_argv("backprop", 1, 0, 100, "out",
+                                                                     model="revvit-tiny-petra"))
+    assert model_args.model == "revvit-tiny" and args.petra_num_stages == 4 and not data_args.augment
+    assert (args.petra_mode, args.num_train_epochs) == ("backprop", 100)
+    assert benchmark.parse_args(["--model", "revvit-tiny-petra"]).epochs == 100

@@ -74,6 +74,12 @@ class DataArguments:
         metadata={"help": "Side of the images the model sees (`datasets` sets); default: the image processor's with "
                           "--model_name_or_path, else the shorter side of the first training image."},
     )
+    augment: bool = field(
+        default=True,
+        metadata={"help": "Augment the training images (a built-in set: its own augmentation, e.g. digits' shifts "
+                          "by up to 2 pixels; a `datasets` set: random resized crops and flips); false: train on "
+                          "the images as evaluation sees them."},
+    )
     max_train_samples: int | None = field(default=None, metadata={"help": "Use only N training images."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Use only the first N evaluation images."})
     max_predict_samples: int | None = field(
@@ -165,7 +171,7 @@ def _load_builtin(args: DataArguments, seed: int, splits: set[str]) -> RecipeDat
     name = args.builtin_for_hub_id or args.dataset
     spec = dataset_spec(name)
     source = {} if spec.reader.embedded else {"data_dir": args.data_dir, "hub_id": args.hub_id or args.dataset_name}
-    train = load_image_dataset(name, "train", seed=seed, **source) if "train" in splits else None
+    train = load_image_dataset(name, "train", seed=seed, augment=args.augment, **source) if "train" in splits else None
     test = load_image_dataset(name, "test", **source) if splits & {"eval", "test"} else None
     info: DatasetInfo = (train or test).info
     return RecipeData(
@@ -257,7 +263,8 @@ def _load_datasets(args: DataArguments, seed: int, splits: set[str], processor) 
         return dataset.with_transform(ApplyTransform(transform, image_column))
 
     return RecipeData(
-        train=select("train", train_transform, args.max_train_samples, shuffle=True),
+        train=select("train", train_transform if args.augment else eval_transform, args.max_train_samples,
+                     shuffle=True),
         eval=select("eval", eval_transform, args.max_eval_samples, shuffle=False),
         test=select("test", eval_transform, args.max_predict_samples, shuffle=False),
         label_names=label_names,
