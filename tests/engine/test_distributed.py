@@ -136,7 +136,7 @@ def test_dead_or_stalled_peer_becomes_a_clear_error_on_every_rank(tmp_path, acti
     for rank in (0, 1):
         assert results[rank] is not None, f"rank {rank} hung"
         error = results[rank]["error"]
-        assert error.startswith("PeerFailureError"), error
+        assert error.startswith("PeerFailureError"), results[rank]["traceback"]
         assert "rank" in error and "stage" in error
     assert "rank 2 (stages 7-9)" in results[1]["error"]
     assert codes[0] == 0 and codes[1] == 0

@@ -150,7 +150,7 @@ class Router:
         }
         outgoing = [Outgoing(peer, HEADER_TAG, header.tensor(device), "the header") for peer, header in mine.items()]
         incoming = [Incoming(peer, HEADER_TAG, HEADER_LENGTH, torch.int64, "the header") for peer in mine]
-        posted = self.transport.post(outgoing, incoming)
+        posted = self.transport.post(outgoing, incoming, self.rank, moment.global_tick)
         posted.headers = mine
         return posted
 

@@ -122,20 +122,27 @@ class NeighbourTransport:
     ) -> list[torch.Tensor]:
         """Post the receives, then the sends, and wait for all of them until `deadline` (default: timeout from
         now); returns the received buffers."""
-        return self.wait(self.post(outgoing, incoming), position, tick, deadline)
+        return self.wait(self.post(outgoing, incoming, position, tick), position, tick, deadline)
 
-    def post(self, outgoing: list[Outgoing], incoming: list[Incoming]) -> "Posted":
+    def post(self, outgoing: list[Outgoing], incoming: list[Incoming], position: int, tick: int) -> "Posted":
         """Start the receives, then the sends (in a fixed order: every rank posts the same pattern); `wait` ends
-        them."""
+        them. A peer whose connection is already closed fails here, as a PeerFailureError like `wait`'s."""
         start = time.perf_counter()
         buffers = [torch.empty(m.numel, dtype=m.dtype, device=self.device) for m in incoming]
         works = []
-        for message, buffer in zip(incoming, buffers):
-            works.append((message, dist.irecv(buffer, src=self.global_ranks[message.peer], group=self.group, tag=message.tag)))
-        for message in outgoing:
-            self.bytes_sent += message.buffer.numel() * message.buffer.element_size()
-            works.append((message, dist.isend(message.buffer, dst=self.global_ranks[message.peer], group=self.group, tag=message.tag)))
-        self.seconds += time.perf_counter() - start
+        try:
+            for message, buffer in zip(incoming, buffers):
+                peer = self.global_ranks[message.peer]
+                works.append((message, dist.irecv(buffer, src=peer, group=self.group, tag=message.tag)))
+            for message in outgoing:
+                self.bytes_sent += message.buffer.numel() * message.buffer.element_size()
+                peer = self.global_ranks[message.peer]
+                works.append((message, dist.isend(message.buffer, dst=peer, group=self.group, tag=message.tag)))
+        except Exception as error:  # gloo raises at once when the peer's connection has closed
+            raise self._failure(position, message.peer, _action(message), tick, f"{type(error).__name__}: {error}") \
+                from error
+        finally:
+            self.seconds += time.perf_counter() - start
         return Posted(works, buffers)
 
     def wait(self, posted: "Posted", position: int, tick: int, deadline: float | None = None) -> list[torch.Tensor]:
@@ -150,7 +157,7 @@ class NeighbourTransport:
             self.seconds += time.perf_counter() - start
 
     def _wait(self, position: int, message, work, tick: int, deadline: float) -> None:
-        action = f"receive {message.what} from" if isinstance(message, Incoming) else f"send {message.what} to"
+        action = _action(message)
         # What is left of the exchange's time (at least a millisecond, to collect a message already there).
         left = datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.001))
         try:
@@ -166,3 +173,8 @@ class NeighbourTransport:
             f"{self.describe(position)} could not {action} {self.describe(peer)} at tick {tick} within "
             f"{seconds:g}s: the peer process died, stalled or failed ({reason})"
         )
+
+
+def _action(message: Outgoing | Incoming) -> str:
+    """What a message does, as an error says it: "receive the gradient from", "send the header to"."""
+    return f"receive {message.what} from" if isinstance(message, Incoming) else f"send {message.what} to"
