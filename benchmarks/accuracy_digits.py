@@ -247,7 +247,7 @@ def main(argv=None) -> dict:
     progress(
         f"{args.model}: {len(args.configs)} configurations x {len(args.seeds)} seeds, {args.epochs:g} epochs, micro-batch "
         f"{MICRO_BATCH}, lr = {rate}, "
-        f"J = {args.num_stages or 'model default'}; "
+        f"J = {args.num_stages or 'as in the recipe'}; "
         f"{torch.get_num_threads()} thread(s), load average {load_average()}"
     )
     runs: list[dict] = []

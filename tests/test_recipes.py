@@ -395,3 +395,17 @@ def test_console_script_petra_train(tmp_path):
     result = subprocess.run([command, "--help"], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith("usage: petra-train") and "outputs/revnet18-digits-petra" in result.stdout
+
+
+@pytest.mark.parametrize("mode, changes", [("backprop", False), ("petra", True)])
+def test_evaluating_each_epoch_changes_petra_training_only(tmp_path, mode, changes):
+    """The Trainer drains the pipeline before evaluating (docs/training-arguments.md, eval_strategy): backprop's
+    weights do not depend on how often it evaluates, PETRA's do (the micro-batches in flight finish first)."""
+    weights = []
+    for strategy in ("no", "epoch"):
+        trainer, _ = recipe.run(["--output_dir", str(tmp_path / strategy), "--max_train_samples", "64",
+                                 "--max_eval_samples", "16", "--num_train_epochs", "2", "--eval_strategy", strategy,
+                                 "--save_strategy", "no", "--petra_mode", mode, *TINY])
+        weights.append({name: value.clone() for name, value in trainer.model.state_dict().items()})
+    differ = [name for name in weights[0] if not torch.equal(weights[0][name], weights[1][name])]
+    assert bool(differ) == changes, differ

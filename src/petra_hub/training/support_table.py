@@ -160,7 +160,10 @@ TRAINING_ARGUMENT_SUPPORT: dict[str, FieldSupport] = {
     "trackio_bucket_id": _honoured(f"Trackio Bucket, {_TRACKIO}"),
     "trackio_static_space_id": _honoured(f"static Trackio Space synced on push, {_TRACKIO}"),
     # -- evaluation ----------------------------------------------------------------------------------------------
-    "eval_strategy": _honoured("when to evaluate (steps or epoch), at step ends, after draining the pipeline"),
+    "eval_strategy": _honoured(
+        "when to evaluate (steps or epoch), at step ends, after draining the pipeline (so under PETRA, unlike "
+        "backprop, how often you evaluate changes the training: the micro-batches in flight finish first)"
+    ),
     "eval_steps": _honoured("evaluate every N global steps (a ratio of the total when < 1)"),
     "eval_delay": _honoured("no evaluation before this many steps or epochs (DefaultFlowCallback)"),
     "per_device_eval_batch_size": _honoured("evaluation batch size (every rank reads every eval batch)"),
