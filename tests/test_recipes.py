@@ -153,15 +153,22 @@ def test_model_picks_the_family_and_shapes_it_to_the_data():
     assert recipe.build_model(model_args, photos).config.patch_size == 16  # the paper's from 128 pixels
     model_args, *_ = recipe.parse(["--model", "revvit-small", "--patch_size", "8"])
     assert recipe.build_model(model_args, digits).config.patch_size == 8
+    model_args, *_ = recipe.parse(["--model", "revvit-tiny", "--drop_path_rate", "0.1"])
+    model = recipe.build_model(model_args, digits)
+    assert model.config.drop_path_rate == 0.1 and config.drop_path_rate == 0.0  # the preset's default: none
+    rates = [module.drop_path for module in model.modules() if hasattr(module, "drop_path")]
+    assert len(rates) == 12 and rates[0] == 0.0 and rates[-1] == pytest.approx(0.1)  # one per block, linear
     assert recipe.parse(["--preset", "revnet34"])[0].model == "revnet34"  # the flag's earlier name
 
 
 def test_flags_that_would_shape_no_model_are_refused():
     with pytest.raises(ValueError, match=r"--hidden_sizes applies to another model family than --model revvit-tiny "
-                                         r"\(RevViT\), whose own flags are --patch_size"):
+                                         r"\(RevViT\), whose own flags are --patch_size, --drop_path_rate"):
         recipe.parse(["--model", "revvit-tiny", "--hidden_sizes", "8,8,8,8"])
     with pytest.raises(ValueError, match="--patch_size applies to another model family than --model revnet18"):
         recipe.parse(["--patch_size", "4"])
+    with pytest.raises(ValueError, match="--drop_path_rate applies to another model family than --model revnet18"):
+        recipe.parse(["--drop_path_rate", "0.1"])
     with pytest.raises(ValueError, match="--stem shapes a new model, but --model_name_or_path 'some/folder' brings"):
         recipe.parse(["--model_name_or_path", "some/folder", "--stem", "cifar"])
     with pytest.raises(ValueError, match="--model shapes a new model"):

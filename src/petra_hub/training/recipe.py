@@ -75,10 +75,14 @@ class ModelArguments:
     patch_size: int | None = field(
         default=None, metadata={"help": "RevViT: patch side; default: the preset's 16 from 128 pixels, else 4"}
     )
+    drop_path_rate: float | None = field(
+        default=None, metadata={"help": "RevViT: stochastic depth, the last block's drop probability (rising "
+                                        "linearly from 0 at the first); default: the preset's 0"}
+    )
 
 
 # The flags that shape a new model, by family: refused for the other family and with --model_name_or_path.
-ARCHITECTURE_FLAGS = {"revnet": ("stem", "downsampling", "hidden_sizes", "embedding_size"), "revvit": ("patch_size",)}
+ARCHITECTURE_FLAGS = {"revnet": ("stem", "downsampling", "hidden_sizes", "embedding_size"), "revvit": ("patch_size", "drop_path_rate")}
 CONFIG_ALIASES = {"preset": "model"}  # config-file keys of earlier releases
 
 
@@ -262,7 +266,8 @@ def _new_config(model_args: ModelArguments, data: RecipeData):
     small_images = data.image_size < 128
     if family.model_type == "revvit":
         patch = model_args.patch_size or (4 if small_images else family.config_class().patch_size)
-        return family.config_class.from_preset(preset, image_size=data.image_size, patch_size=patch)
+        overrides = {} if model_args.drop_path_rate is None else {"drop_path_rate": model_args.drop_path_rate}
+        return family.config_class.from_preset(preset, image_size=data.image_size, patch_size=patch, **overrides)
     overrides = {"downsampling": model_args.downsampling, "stem": model_args.stem or ("cifar" if small_images
                                                                                        else "imagenet")}
     if model_args.hidden_sizes and model_args.hidden_sizes != "paper":
