@@ -82,7 +82,10 @@ class ModelArguments:
 
 
 # The flags that shape a new model, by family: refused for the other family and with --model_name_or_path.
-ARCHITECTURE_FLAGS = {"revnet": ("stem", "downsampling", "hidden_sizes", "embedding_size"), "revvit": ("patch_size", "drop_path_rate")}
+ARCHITECTURE_FLAGS = {
+    "revnet": ("stem", "downsampling", "hidden_sizes", "embedding_size"),
+    "revvit": ("patch_size", "drop_path_rate"),
+}
 CONFIG_ALIASES = {"preset": "model"}  # config-file keys of earlier releases
 
 
