@@ -11,8 +11,8 @@ Every run is the recipe's `run(argv)` (`recipes/train_revnet.py`, loaded with `r
 the other, one intra-op thread; only the mode and k change, and the learning rate follows the paper's linear
 scaling (lr = 0.4 * 32 * k / 256); `--model revvit-tiny` trains the RevViT of `recipes/configs/digits_revvit_tiny.yaml`
 (AdamW, its own learning rate, 30 epochs by default) instead of the recipe's RevNet18, and `--model
-revvit-tiny-petra` the same ViT under `recipes/configs/digits_revvit_tiny_petra.yaml` (J = 4, no augmentation, 100
-epochs). A configuration is `MODE` or `MODE-kN` (e.g. `petra-k4`, `delayed`,
+revvit-tiny-petra` the same ViT under its PETRA recipe, `recipes/configs/digits_revvit_tiny_petra.yaml` (100
+epochs; the file gives its settings and why). A configuration is `MODE` or `MODE-kN` (e.g. `petra-k4`, `delayed`,
 `backprop-k2`), optionally with `+REMEDY` (one of `REMEDIES`, e.g. `petra-k1+predict`) and `@PRECISION` (one of
 `PRECISIONS`, e.g. `petra-k1@bf16`). Setup and discussion:
 docs/benchmarks-accuracy.md and docs/benchmarks-precision.md; tables: `python benchmarks/report.py`.
@@ -50,7 +50,7 @@ RECIPE = HERE.parent / "recipes" / "train_revnet.py"
 MODELS = {
     "revnet18": ([], 12.0),  # the recipe's default model, with --learning_rate BASE_LR and --petra_scale_lr
     "revvit-tiny": ([str(HERE.parent / "recipes" / "configs" / "digits_revvit_tiny.yaml")], 30.0),
-    # RevViT-Ti's PETRA recipe: 4 stages, no augmentation, 100 epochs (the file says why)
+    # RevViT-Ti's PETRA recipe (its stages, regularisers and epochs: the file, which says why)
     "revvit-tiny-petra": ([str(HERE.parent / "recipes" / "configs" / "digits_revvit_tiny_petra.yaml")], 100.0),
 }
 
