@@ -28,3 +28,23 @@ def test_a_connection_closed_while_posting_is_a_peer_failure(monkeypatch, call, 
     with pytest.raises(PeerFailureError, match=f"rank 0 could not {action} at tick 12 within 4s: the peer process "
                                                r"died, stalled or failed \(RuntimeError: .*Connection closed by peer"):
         transport().post(outgoing, incoming, position=0, tick=12)
+
+
+def test_a_programming_error_while_posting_is_not_blamed_on_the_peer(monkeypatch):
+    """Only what gloo raises for a closed connection (RuntimeError) means a dead peer: a message to a rank the
+    transport does not know is our bug, and must surface as itself rather than as a PeerFailureError."""
+    monkeypatch.setattr(dist, "irecv", lambda *a, **k: None)
+    monkeypatch.setattr(dist, "isend", lambda *a, **k: None)
+    with pytest.raises(IndexError):
+        transport().post([Outgoing(5, 8, torch.zeros(4), "the output")], [], position=0, tick=3)
+
+
+def test_a_programming_error_while_waiting_is_not_blamed_on_the_peer():
+    class BrokenWork:
+        def wait(self, timeout):
+            raise TypeError("wait() got an unexpected keyword argument")
+
+    posted = transport().post([], [], position=0, tick=0)
+    posted.works.append((Incoming(1, 7, 4, torch.float32, "the gradient"), BrokenWork()))
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        transport().wait(posted, position=0, tick=3)

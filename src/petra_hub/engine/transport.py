@@ -138,7 +138,9 @@ class NeighbourTransport:
                 self.bytes_sent += message.buffer.numel() * message.buffer.element_size()
                 peer = self.global_ranks[message.peer]
                 works.append((message, dist.isend(message.buffer, dst=peer, group=self.group, tag=message.tag)))
-        except Exception as error:  # gloo raises at once when the peer's connection has closed
+        # gloo raises RuntimeError (torch.distributed.DistError included) at once when the peer's connection has
+        # closed; anything else (a bad peer index, a wrong argument) is a bug of ours and propagates as it is.
+        except RuntimeError as error:
             raise self._failure(position, message.peer, _action(message), tick, f"{type(error).__name__}: {error}") \
                 from error
         finally:
@@ -162,7 +164,7 @@ class NeighbourTransport:
         left = datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.001))
         try:
             completed = work.wait(left)
-        except Exception as error:  # gloo raises on a timeout and when the peer's connection closes
+        except RuntimeError as error:  # gloo raises on a timeout and when the peer's connection closes
             raise self._failure(position, message.peer, action, tick, f"{type(error).__name__}: {error}") from error
         if completed is False:
             raise self._failure(position, message.peer, action, tick, "timed out")
