@@ -10,11 +10,11 @@
 Every run is the recipe's `run(argv)` (`recipes/train_revnet.py`, loaded with `runpy`) in this process, one after
 the other, one intra-op thread; only the mode and k change, and the learning rate follows the paper's linear
 scaling (lr = 0.4 * 32 * k / 256); `--model revvit-tiny` trains the RevViT of `recipes/configs/digits_revvit_tiny.yaml`
-(AdamW, its own learning rate, 30 epochs by default) instead of the recipe's RevNet18, and `--model
-revvit-tiny-petra` the same ViT under its PETRA recipe, `recipes/configs/digits_revvit_tiny_petra.yaml` (100
-epochs; the file gives its settings and why). A configuration is `MODE` or `MODE-kN` (e.g. `petra-k4`, `delayed`,
-`backprop-k2`), optionally with `+REMEDY` (one of `REMEDIES`, e.g. `petra-k1+predict`) and `@PRECISION` (one of
-`PRECISIONS`, e.g. `petra-k1@bf16`). Setup and discussion:
+(AdamW, its own learning rate and epochs) instead of the recipe's RevNet18, and `--model revvit-tiny-petra` the
+same ViT under its PETRA recipe, `recipes/configs/digits_revvit_tiny_petra.yaml` (the file gives its settings and
+why); both train for their file's epochs unless `--epochs` says otherwise. A configuration is `MODE` or `MODE-kN`
+(e.g. `petra-k4`, `delayed`, `backprop-k2`), optionally with `+REMEDY` (one of `REMEDIES`, e.g. `petra-k1+predict`)
+and `@PRECISION` (one of `PRECISIONS`, e.g. `petra-k1@bf16`). Setup and discussion:
 docs/benchmarks-accuracy.md and docs/benchmarks-precision.md; tables: `python benchmarks/report.py`.
 """
 
@@ -40,18 +40,20 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
+import yaml  # noqa: E402
 import transformers  # noqa: E402
 
 from common import add_out_argument, load_average, progress, results_path, write_results  # noqa: E402
 from petra_hub.engine import Mode  # noqa: E402
 
 RECIPE = HERE.parent / "recipes" / "train_revnet.py"
-# The models compared, by name: the recipe arguments that pick one, its learning rate, and its default epochs.
+CONFIGS = HERE.parent / "recipes" / "configs"
+# The models compared, by name: the recipe arguments that pick one, and its default epochs (None: its recipe file's).
 MODELS = {
     "revnet18": ([], 12.0),  # the recipe's default model, with --learning_rate BASE_LR and --petra_scale_lr
-    "revvit-tiny": ([str(HERE.parent / "recipes" / "configs" / "digits_revvit_tiny.yaml")], 30.0),
+    "revvit-tiny": ([str(CONFIGS / "digits_revvit_tiny.yaml")], None),
     # RevViT-Ti's PETRA recipe (its stages, regularisers and epochs: the file, which says why)
-    "revvit-tiny-petra": ([str(HERE.parent / "recipes" / "configs" / "digits_revvit_tiny_petra.yaml")], 100.0),
+    "revvit-tiny-petra": ([str(CONFIGS / "digits_revvit_tiny_petra.yaml")], None),
 }
 
 DEFAULT_CONFIGS = ["backprop", "reversible_backprop", "delayed", "petra-k1", "petra-k2", "petra-k4"]
@@ -107,6 +109,15 @@ def config_name(value: str) -> str:
     return name if precision == "fp32" else f"{name}@{precision}"
 
 
+def default_epochs(model: str) -> float:
+    """The epochs a model trains for unless told otherwise: its recipe file's `num_train_epochs`, or MODELS'."""
+    files, epochs = MODELS[model]
+    if epochs is not None:
+        return epochs
+    with open(files[0]) as file:
+        return float(yaml.safe_load(file)["num_train_epochs"])
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
@@ -117,7 +128,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seeds", nargs="+", type=int, default=None, help="default 0 1 2 (quick: 0)")
     parser.add_argument("--model", choices=list(MODELS), default="revnet18", help="default revnet18")
     parser.add_argument("--epochs", type=float, default=None,
-                        help="default 12, revvit-tiny 30, revvit-tiny-petra 100 (quick: 1)")
+                        help="default 12 for revnet18, else the model's recipe file's (quick: 1)")
     parser.add_argument("--num-stages", type=int, default=None,
                         help="pipeline stages J (--petra_num_stages); default: the model recipe's")
     parser.add_argument("--baseline", type=config_name, default=BASELINE,
@@ -129,7 +140,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.configs = args.configs or list(DEFAULT_CONFIGS)
     args.seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
-    args.epochs = args.epochs if args.epochs is not None else (1.0 if args.quick else MODELS[args.model][1])
+    args.epochs = args.epochs if args.epochs is not None else (1.0 if args.quick else default_epochs(args.model))
     if len(set(args.configs)) != len(args.configs):
         parser.error("a configuration is listed twice")
     return args

@@ -90,7 +90,7 @@ def test_the_revvit_petra_recipe_trains_4_regularised_stages_without_augmentatio
     model_args, data_args, args = recipe.parse([str(config)])
     assert (model_args.model, data_args.dataset, args.petra_mode) == ("revvit-tiny", "digits", "petra")
     assert (args.optim, args.learning_rate, args.weight_decay) == ("adamw_torch", 5e-4, 0.05)
-    assert (args.petra_num_stages, data_args.augment, args.num_train_epochs) == (4, False, 100)
+    assert (args.petra_num_stages, data_args.augment, args.num_train_epochs) == (4, False, 150)
     assert (args.label_smoothing_factor, model_args.drop_path_rate) == (0.1, 0.1)
     assert args.eval_strategy == "no" and args.do_eval  # one evaluation, at the end
     assert args.output_dir == "outputs/revvit-tiny-digits-petra"
