@@ -40,7 +40,6 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
-import yaml  # noqa: E402
 import transformers  # noqa: E402
 
 from common import add_out_argument, load_average, progress, results_path, write_results  # noqa: E402
@@ -110,12 +109,14 @@ def config_name(value: str) -> str:
 
 
 def default_epochs(model: str) -> float:
-    """The epochs a model trains for unless told otherwise: its recipe file's `num_train_epochs`, or MODELS'."""
-    files, epochs = MODELS[model]
+    """The epochs a model trains for unless told otherwise: MODELS', or those its recipe file gives as the recipe
+    itself reads it (the recipe's default where the file is silent)."""
+    recipe_argv, epochs = MODELS[model]
     if epochs is not None:
         return epochs
-    with open(files[0]) as file:
-        return float(yaml.safe_load(file)["num_train_epochs"])
+    from petra_hub.training import recipe
+
+    return float(recipe.parse(recipe_argv)[2].num_train_epochs)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
