@@ -40,10 +40,11 @@ def per_micro_batch_gradients(model, batches):
     return reference, grads
 
 
-def assert_frozen_weights_give_the_backprop_gradient(model, batches, mode, **options):
+def assert_frozen_weights_give_the_backprop_gradient(model, batches, mode, stages=None, **options):
     """With a zero learning rate, every micro-batch's averaged gradient at every stage is plain autograd's on the
-    whole model, on the model's device, and running statistics count each micro-batch once. `options` go to the
-    Pipeline (e.g. device). Also run on a GPU by tests/gpu."""
+    whole model, on the model's device, and running statistics count each micro-batch once. `stages`: the model's
+    stages as the pipeline runs them (default `model.get_stages()`); `options` go to the Pipeline (e.g. device).
+    Also run on a GPU by tests/gpu."""
     reference, expected = per_micro_batch_gradients(model, batches)
     device = next(model.parameters()).device
     names = {id(p): name for name, p in model.named_parameters()}
@@ -54,15 +55,16 @@ def assert_frozen_weights_give_the_backprop_gradient(model, batches, mode, **opt
             assert param.grad.device == device
             seen[(group[0], names[id(param)])] = param.grad.clone()
 
+    stages = stages or model.get_stages()
     pipeline = Pipeline(
-        model.get_stages(),
+        stages,
         cross_entropy,
         mode=mode,
         on_update=record,
         optimizer_factory=lambda i, stage: torch.optim.SGD(stage.parameters(), lr=0.0),
         **options,
     )
-    assert len(pipeline.stages) == len(model.get_stages())
+    assert len(pipeline.stages) == len(stages)
     for images, labels in batches:
         pipeline.step(images, labels)
     pipeline.drain()

@@ -8,6 +8,8 @@ gradients). `petra_hub.testing.stage_contract` checks a model's stages against t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from torch import nn
 
 from .placement import Placement
@@ -39,14 +41,26 @@ class StageGroup(nn.Module):
         return y, grad_y
 
 
-def merge_stages(stages: list[nn.Module], num_stages: int) -> list[nn.Module]:
-    """Group `stages` into `num_stages` contiguous, evenly sized stages (unchanged when the counts agree)."""
-    if num_stages == len(stages):
-        return list(stages)
-    if not 1 <= num_stages <= len(stages):
-        raise ValueError(f"cannot make {num_stages} pipeline stages out of {len(stages)} model stages")
-    groups = Placement.balanced(len(stages), num_stages).groups
-    return [stages[g.start] if len(g) == 1 else StageGroup([stages[i] for i in g]) for g in groups]
+def merge_stages(stages: list[nn.Module], groups: int | Sequence[int]) -> list[nn.Module]:
+    """Group `stages` into contiguous pipeline stages: `groups` is how many (evenly sized; unchanged when the counts
+    agree) or the size of each group in order, e.g. [1, 2, 7]. A group is reversible when all its members are, so
+    grouping consecutive reversible blocks keeps them free of input buffers."""
+    if isinstance(groups, int):
+        if not 1 <= groups <= len(stages):
+            raise ValueError(f"cannot make {groups} pipeline stages out of {len(stages)} model stages")
+        sizes = [len(group) for group in Placement.balanced(len(stages), groups).groups]
+    else:
+        sizes = list(groups)
+        if not sizes or any(not isinstance(size, int) or size < 1 for size in sizes) or sum(sizes) != len(stages):
+            raise ValueError(
+                f"stage group sizes {sizes} must be positive integers adding up to the model's {len(stages)} stages"
+            )
+    merged, start = [], 0
+    for size in sizes:
+        members = stages[start : start + size]
+        merged.append(members[0] if size == 1 else StageGroup(members))
+        start += size
+    return merged
 
 
 def stage_layout(stages: list[nn.Module]) -> str:
