@@ -248,9 +248,21 @@ def throughput_partition(r, arg=None):
     return table(["rank", "stages", "CPU ms per tick (sum of its stages' costs)"], rows, "llr")
 
 
+def petra_groupings(r) -> dict[str, dict]:
+    """PETRA's settings with coarser engine stages ({} for runs made before `--petra-groups`)."""
+    return multi_process(r)["info"].get("petra_groups", {})
+
+
+def grouping_label(grouping: dict) -> str:
+    sizes = "/".join(",".join(map(str, grouping["groups"][sum(grouping["partition"][:rank]):][:count]))
+                     for rank, count in enumerate(grouping["partition"]))  # fmt: skip
+    return f"PETRA, engine stages {' '.join(grouping['layout'])} (groups {sizes}), steady state"
+
+
 def method_labels(r) -> dict[str, str]:
     labels = {
         "petra": 'PETRA, steady state (`mode="petra"`, k = 1)',
+        **{name: grouping_label(grouping) for name, grouping in petra_groupings(r).items()},
         "petra_drain": f"PETRA, {r['settings']['micro_batches']} micro-batches from empty, fill + drain included",
         "reversible_backprop": "naive MP: engine `reversible_backprop` (synchronous)",
         "backprop": "naive MP: engine `backprop` (synchronous, keeps the graph)",
@@ -391,12 +403,19 @@ NOT_MEASURED = (
     "_Not in these results: they predate the rivals and their memory measurement (`python "
     "benchmarks/throughput.py` measures them)._"
 )
-CHECKPOINTING = {"torch": "`torch.utils.checkpoint`", "once": "recompute once", None: "off"}
+CHECKPOINTING = {"torch": "`torch.utils.checkpoint`", "torch_but_last": "`torch.utils.checkpoint` but the last chunk",
+                 "once": "recompute once", None: "off"}  # fmt: skip
 ENGINE_ROWS = {
     "petra": "PETRA (`mode=\"petra\"`, k = 1), steady state",
     "reversible_backprop": "naive MP: engine `reversible_backprop`",
     "backprop": "naive MP: engine `backprop`",
 }
+
+
+def engine_rows(r) -> dict[str, str]:
+    """ENGINE_ROWS with PETRA's grouped settings after PETRA."""
+    grouped = {name: grouping_label(grouping) for name, grouping in petra_groupings(r).items()}
+    return {"petra": ENGINE_ROWS["petra"], **grouped} | ENGINE_ROWS
 
 
 def rival_records(r) -> list[dict] | None:
@@ -438,7 +457,7 @@ def throughput_rivals(r, arg=None):
         return [ms(median), ms(low), ms(high), f"{f['med']['petra'] / median:.2f}"]
 
     rows = [[label, "-", "-", *timing(mode), " / ".join(map(mib, peaks[mode])), mib(max(peaks[mode])), "-"]
-            for mode, label in ENGINE_ROWS.items()]  # fmt: skip
+            for mode, label in engine_rows(r).items()]  # fmt: skip
     for record in records:
         head = [f"`{record['torch_class']}`", CHECKPOINTING[record["checkpointing"]], record["m"]]
         if record["status"] != "measured":
@@ -486,6 +505,38 @@ def throughput_equal_memory(r, arg=None):
               "fastest setting within PETRA's memory", "its peak (MiB)", "ms / micro-batch", "PETRA time / its time",
               "fastest setting, any memory", "its peak (MiB)", "ms / micro-batch", "PETRA time / its time"]  # fmt: skip
     return table(header, rows, "llrrrlrrr")
+
+
+def throughput_petra_settings(r, arg=None):
+    """Every PETRA setting against the fastest rival within its memory, the fastest checkpointed one and the
+    fastest at any memory ("PETRA faster by" = their time / PETRA's, medians)."""
+    records = rival_records(r)
+    if records is None:
+        return NOT_MEASURED
+    f = figures(r)
+    rivals = [(ENGINE_ROWS[mode], rival_peak(r, mode), f["med"][mode], False)
+              for mode in ("reversible_backprop", "backprop")]  # fmt: skip
+    rivals += [(f"`{x['torch_class']}`, {CHECKPOINTING[x['checkpointing']]}, m = {x['m']}", rival_peak(r, x),
+                need(f["med"], x["key"]), x["checkpointed"]) for x in records if x["status"] == "measured"]
+
+    def fastest(candidates, seconds, peak_column=True):
+        if not candidates:
+            return ["none"] + ["-"] * (3 if peak_column else 2)
+        label, peak, theirs, _ = min(candidates, key=lambda rival: rival[2])
+        return [label, *([mib(peak)] if peak_column else []), ms(theirs), f"**{theirs / seconds:.2f}x**"]
+
+    settings = {"petra": "PETRA, one engine stage per model stage, steady state"}
+    settings |= {name: grouping_label(grouping) for name, grouping in petra_groupings(r).items()}
+    rows = []
+    for name, label in settings.items():
+        budget, seconds = rival_peak(r, name), f["med"][name]
+        rows.append([label, mib(budget), ms(seconds), *fastest([x for x in rivals if x[1] <= budget], seconds),
+                     *fastest([x for x in rivals if x[3]], seconds, peak_column=False), *fastest(rivals, seconds)])
+    header = ["PETRA setting", "peak (MiB, largest rank)", "ms / micro-batch",
+              "fastest rival within its memory", "its peak", "ms", "PETRA faster by",
+              "fastest checkpointed rival, any memory", "ms", "PETRA faster by",
+              "fastest rival, any memory", "its peak", "ms", "PETRA faster by"]  # fmt: skip
+    return table(header, rows, "lrrlrrrlrrlrrr")
 
 
 # -- accuracy --------------------------------------------------------------------------------------------------------
@@ -843,6 +894,7 @@ RENDERERS = {
         "chunks": throughput_chunks,
         "rivals": throughput_rivals,
         "equal-memory": throughput_equal_memory,
+        "petra-settings": throughput_petra_settings,
     },
     "accuracy_digits": {"summary": accuracy_summary, "main": accuracy_main, "table4": accuracy_table4},
     "fidelity": {"main": fidelity_main, "summary": fidelity_summary},

@@ -3,7 +3,9 @@ any method holds at its peak (part 2 of benchmarks/throughput.py; docs/benchmark
 
 The rivals, each run with and without activation checkpointing of its chunks, at every n_microbatches m asked:
 
-- `Schedule1F1B`: one chunk per rank, the W-way partition PETRA uses.
+- `Schedule1F1B`: one chunk per rank, the W-way partition PETRA uses. Also checkpointed on every chunk but the
+  last ("1f1b_but_last"): the last rank runs each micro-batch's backward right after its forward, so recomputing
+  its chunk only costs time (PETRA's last stage does not recompute either).
 - `ScheduleInterleaved1F1B`, `ScheduleInterleavedZeroBubble`: 2W chunks, chunk c on rank c % W.
 - `ScheduleZBVZeroBubble`, `ScheduleDualPipeV`: 2W chunks in a V, chunks c and 2W-1-c on rank c.
 
@@ -32,6 +34,7 @@ from torch import nn
 # checkpointed chunk recomputes: the zero-bubble schedules split the backward, see `recompute_once`)
 SCHEDULES = {
     "1f1b": ("Schedule1F1B", 1, None, "torch"),
+    "1f1b_but_last": ("Schedule1F1B", 1, None, "torch_but_last"),
     "interleaved_1f1b": ("ScheduleInterleaved1F1B", 2, "loop", "torch"),
     "interleaved_zero_bubble": ("ScheduleInterleavedZeroBubble", 2, "loop", "once"),
     "zbv_zero_bubble": ("ScheduleZBVZeroBubble", 2, "v", "once"),
@@ -177,9 +180,10 @@ class Rival:
         count = len(chunks["ranks"])
         mine = [c for c, owner in enumerate(chunks["ranks"]) if owner == rank]
         self.parts = [
-            Part(stages[bounds[c] : bounds[c + 1]], first=c == 0, last=c == count - 1, checkpointing=checkpointing)
+            Part(stages[bounds[c] : bounds[c + 1]], first=c == 0, last=c == count - 1,
+                 checkpointing=chunk_checkpointing(checkpointing, c == count - 1))
             for c in mine
-        ]
+        ]  # fmt: skip
         for part in self.parts:
             part.train()
         device = torch.device("cpu")
@@ -209,12 +213,21 @@ class Rival:
         return [part.runs for part in self.parts]
 
 
+def chunk_checkpointing(checkpointing: str | None, last: bool) -> str | None:
+    """A chunk's recomputation under a schedule's `checkpointing` ("torch_but_last": the last chunk keeps its graph)."""
+    if checkpointing == "torch_but_last":
+        return None if last else "torch"
+    return checkpointing
+
+
 def rival_settings(schedules: list[str], microbatches: list[int]) -> list[tuple[str, bool, int]]:
     """(schedule, checkpointed, m) to run: checkpointed 1F1B at every m (what the benchmark always compared
-    with), then every schedule of `schedules` with and without checkpointing at every m."""
+    with), then every schedule of `schedules` with and without checkpointing at every m ("1f1b_but_last" only
+    checkpointed: without, it is "1f1b")."""
     chosen = [("1f1b", True, m) for m in microbatches]
     for schedule in schedules:
-        chosen += [(schedule, checkpointed, m) for checkpointed in (True, False) for m in microbatches]
+        options = (True,) if SCHEDULES[schedule][3] == "torch_but_last" else (True, False)
+        chosen += [(schedule, checkpointed, m) for checkpointed in options for m in microbatches]
     return list(dict.fromkeys(chosen))
 
 

@@ -5,7 +5,8 @@
 
 Part 1, one process: per-stage CPU cost under PETRA (balances the partition), per-stage memory figures, PETRA
 against a plain backprop loop. Part 2, a gloo group of 2 processes (`--num-processes W`): PETRA (steady state, and
-from empty to drained), the engine's synchronous `reversible_backprop` and `backprop` (naive model parallelism),
+from empty to drained; and in steady state with the model's stages grouped into coarser engine stages,
+`--petra-groups`), the engine's synchronous `reversible_backprop` and `backprop` (naive model parallelism),
 and torch's `Schedule1F1B`, `ScheduleInterleaved1F1B`, `ScheduleInterleavedZeroBubble`, `ScheduleZBVZeroBubble`
 and `ScheduleDualPipeV`, each with and without activation checkpointing, at every `--pp-microbatches` m
 (benchmarks/rivals.py); the peak activation memory per rank of every method, measured on fresh copies. Timing
@@ -41,7 +42,7 @@ from common import progress, random_batches, results_path, revnet_config, sgd, t
 from rivals import SCHEDULES, allocation_peak, build_rivals, chunk_layout, contiguous_split  # noqa: E402
 from rivals import Part  # noqa: E402, F401 (timeline.py imports it from here)
 from rivals import measure_all  # noqa: E402
-from petra_hub.engine import stage_layout  # noqa: E402
+from petra_hub.engine import merge_stages, stage_layout  # noqa: E402
 from petra_hub.engine.accounting import graph_bytes, nbytes  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH, RECIPE_WIDTH  # noqa: E402
 
@@ -68,6 +69,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--partition", type=str, default=None, help="stages per rank, e.g. 4,6 (default: balanced)")
     parser.add_argument("--num-processes", type=int, default=2, help="pipeline processes in part 2 (default 2)")
+    parser.add_argument(
+        "--petra-groups", nargs="*", default=None,
+        help="PETRA settings with coarser engine stages, each the group sizes of every rank: ranks separated by '/', "
+             "groups by ','; e.g. 1,2/7 (rank 0: the stem, then two blocks as one stage; rank 1: the other 7 blocks "
+             "as one stage). Default for 2 processes: 1,2/7 4/6; none otherwise",
+    )  # fmt: skip
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--quick", action="store_true", help="tiny model and windows: a smoke test of the script")
     parser.add_argument(
@@ -82,6 +89,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.width = args.width or (QUICK_WIDTH if quick else RECIPE_WIDTH)
     args.pp_microbatches = [int(m) for m in (args.pp_microbatches or ("2,4" if quick else "2,8,18")).split(",")]
     args.partition = [int(p) for p in args.partition.split(",")] if args.partition else None
+    if args.petra_groups is None:
+        args.petra_groups = DEFAULT_PETRA_GROUPS if args.num_processes == 2 else []
+    try:
+        groupings = [parse_groups(spec) for spec in args.petra_groups]
+    except ValueError:
+        parser.error(f"--petra-groups: expected group sizes like 1,2/7, got {args.petra_groups}")
+    if any(len(ranks) != args.num_processes for ranks in groupings):
+        parser.error(f"--petra-groups: every setting needs {args.num_processes} ranks ('/'-separated), got "
+                     f"{args.petra_groups}")  # fmt: skip
     asked = {"all": list(SCHEDULES), "none": []}.get(args.rivals, [r for r in args.rivals.split(",") if r])
     if set(asked) - set(SCHEDULES):
         parser.error(f"--rivals: unknown {sorted(set(asked) - set(SCHEDULES))}; known: {', '.join(SCHEDULES)}")
@@ -95,6 +111,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+DEFAULT_PETRA_GROUPS = ["1,2/7", "4/6"]
+
+
+def parse_groups(spec: str) -> list[list[int]]:
+    """"1,2/7" -> [[1, 2], [7]]: the sizes of the engine stages (groups of model stages) each rank runs."""
+    ranks = [[int(size) for size in rank.split(",")] for rank in spec.split("/")]
+    if any(size < 1 for rank in ranks for size in rank):
+        raise ValueError(spec)
+    return ranks
+
+
+def grouping_name(spec: str) -> str:
+    return f"petra_groups_{spec}"
+
+
 def revnet18(settings):
     return build_model(revnet_config("revnet18", width=settings.width, num_labels=10))
 
@@ -103,8 +134,10 @@ def batches_for(settings):
     return random_batches(NUM_DISTINCT_BATCHES, settings.batch, settings.image_size)
 
 
-def engine(settings, mode, **options):
-    return make_pipeline(revnet18(settings).get_stages(), mode, lr=settings.lr, timeout=600, **options)
+def engine(settings, mode, groups: list[int] | None = None, **options):
+    """A pipeline of a fresh model; `groups`: sizes of the engine stages as groups of the model's stages."""
+    stages = revnet18(settings).get_stages()
+    return make_pipeline(merge_stages(stages, groups or len(stages)), mode, lr=settings.lr, timeout=600, **options)
 
 
 # -- part 1: one process -------------------------------------------------------------------------------------------
@@ -211,10 +244,10 @@ def bare_exchange(rank, numel: int, copies: int, repeats: int = 20) -> float:
     return statistics.median(times)
 
 
-def engine_peak(settings, mode, partition, batches) -> int:
+def engine_peak(settings, mode, partition, batches, groups=None) -> int:
     """Activation memory at its peak (`rivals.allocation_peak`) on a fresh pipeline: PETRA from empty through twice
     its fill and the drain (its steady state included), a synchronous mode over 3 micro-batches."""
-    pipeline = engine(settings, mode, partition=partition)
+    pipeline = engine(settings, mode, groups, partition=partition)
     count = 2 * pipeline.schedule.latency if mode == "petra" else 3
 
     def work():
@@ -238,11 +271,20 @@ def multi_process_job(rank, world_size, settings, partition, boundary_numel, cop
 
     peaks = {mode: all_values(engine_peak(settings, mode, partition, batches))
              for mode in ("petra", "reversible_backprop", "backprop")}  # fmt: skip
+    # PETRA with coarser engine stages: {name: (group sizes, stages per rank)}
+    grouped = {grouping_name(spec): parse_groups(spec) for spec in settings.petra_groups}
+    grouped = {name: ([size for rank in ranks for size in rank], [len(rank) for rank in ranks])
+               for name, ranks in grouped.items()}  # fmt: skip
+    for name, (groups, stages_per_rank) in grouped.items():
+        peaks[name] = all_values(engine_peak(settings, "petra", stages_per_rank, batches, groups))
 
-    # engine pipelines, one per method, each with its own copy of the model: "petra" runs continuously (steady
-    # state), "petra_drain" goes from empty to drained in every window
+    # engine pipelines, one per method, each with its own copy of the model: "petra" and the grouped settings run
+    # continuously (steady state), "petra_drain" goes from empty to drained in every window
     modes = {"petra": "petra", "petra_drain": "petra"} | {mode: mode for mode in ("reversible_backprop", "backprop")}
     engines = {name: engine(settings, mode, partition=partition) for name, mode in modes.items()}
+    for name, (groups, stages_per_rank) in grouped.items():
+        modes[name], engines[name] = "petra", engine(settings, "petra", groups, partition=stages_per_rank)
+    steady = ["petra", *grouped]
     fed = dict.fromkeys(engines, 0)
 
     def run(name, count, drain=True):
@@ -251,9 +293,11 @@ def multi_process_job(rank, world_size, settings, partition, boundary_numel, cop
         if drain:
             engines[name].drain()
 
-    fill = engines["petra"].schedule.latency
     for name in engines:  # warm-up and the start-up handshake
-        run(name, fill if modes[name] == "petra" else 3)
+        run(name, engines[name].schedule.latency if modes[name] == "petra" else 3)
+    for name in grouped:  # filled: steady state from here on
+        run(name, engines[name].schedule.latency, drain=False)
+    fill = engines["petra"].schedule.latency
 
     # PETRA's held activations per rank: sampled between ticks in steady state (engine accounting)
     petra = engines["petra"]
@@ -288,7 +332,8 @@ def multi_process_job(rank, world_size, settings, partition, boundary_numel, cop
             exchange[name].append([r[2] / micro_batches for r in ranks])
 
     for repeat in range(settings.repeats):  # timing windows, interleaved
-        window("petra", lambda: run("petra", n, drain=False), n, petra)  # N more through the full pipeline
+        for name in steady:  # N more through the full pipeline
+            window(name, lambda name=name: run(name, n, drain=False), n, engines[name])
         for name in ("petra_drain", "reversible_backprop", "backprop"):  # N micro-batches from empty to drained
             window(name, lambda name=name: run(name, n), n, engines[name])
         for key, rival in measured.items():  # whole steps of m micro-batches, at least N in all
@@ -296,18 +341,22 @@ def multi_process_job(rank, world_size, settings, partition, boundary_numel, cop
             window(key, lambda rival=rival, steps=steps: [rival.step(batches, s * rival.m) for s in range(steps)],
                    steps * rival.m)  # fmt: skip
         if rank == 0:
-            line = ", ".join(f"{name} {1e3 * results[name][-1]:.1f}" for name in [*modes, *measured][:6])
+            line = ", ".join(f"{name} {1e3 * results[name][-1]:.1f}" for name in [*modes, *measured][:8])
             fastest = min(measured, key=lambda key: results[key][-1])
             progress(f"{world_size} processes, repetition {repeat + 1}/{settings.repeats} (ms per micro-batch): "
                      f"{line}, ...; fastest torch schedule {fastest} {1e3 * results[fastest][-1]:.1f}")  # fmt: skip
 
-    petra.drain()
+    for name in steady:
+        engines[name].drain()
     # sanity: every micro-batch fed was backpropagated and applied (k = 1) at every local stage
     for name, pipeline in engines.items():
         for index, counters in pipeline.counters().items():
             if not counters.forwards == counters.backwards == counters.updates == fed[name]:
                 raise RuntimeError(f"{name}, stage {index}: {counters} after {fed[name]} micro-batches")
     info["local_stages"] = list(petra.placement.groups[rank])
+    info["petra_groups"] = {name: {"groups": groups, "partition": stages_per_rank,
+                                   "layout": stage_layout(engines[name].stages)}
+                            for name, (groups, stages_per_rank) in grouped.items()}  # fmt: skip
     return {"times": dict(results), "exchange": dict(exchange), "cpu": dict(cpu), "faults": dict(faults), "info": info,
             "rivals": records}  # fmt: skip
 
@@ -330,6 +379,9 @@ def main(argv=None) -> dict:
     if len(partition) != processes or sum(partition) != len(layout) or min(partition) < 1:
         raise SystemExit(f"--partition must split the {len(layout)} stages in {processes} groups, got {partition}")
     progress(f"partition {partition} (per-stage CPU ms {[round(c, 1) for c in one['stage_ms']]})")
+    for spec in settings.petra_groups:
+        if sum(map(sum, parse_groups(spec))) != len(layout):
+            raise SystemExit(f"--petra-groups {spec}: the group sizes must add up to the {len(layout)} stages")
     loads.append(load_average())
 
     chunks = chunk_layout(one["stage_ms"], partition, processes)

@@ -36,7 +36,8 @@ def quick_run(tmp_path_factory):
 def test_every_rival_is_timed_and_measured_with_and_without_checkpointing(quick_run, rivals):
     records, multi = quick_run["multi"]["rivals"], quick_run["multi"]
     settings = {(r["schedule"], r["checkpointed"], r["m"]): r for r in records}
-    assert set(settings) == {(name, checkpointed, 4) for name in rivals.SCHEDULES for checkpointed in (True, False)}
+    assert set(settings) == {(name, checkpointed, 4) for name in rivals.SCHEDULES for checkpointed in (True, False)
+                             if checkpointed or name != "1f1b_but_last"}  # fmt: skip
     for (name, checkpointed, _), record in settings.items():
         assert record["status"] == "measured", record
         assert record["torch_class"] == rivals.SCHEDULES[name][0]
@@ -45,15 +46,26 @@ def test_every_rival_is_timed_and_measured_with_and_without_checkpointing(quick_
         assert len(record["peak_bytes"]) == 2 and min(record["peak_bytes"]) > 0
         # one forward per micro-batch and local chunk, plus exactly one recomputation when checkpointed
         chunks_per_rank = rivals.SCHEDULES[name][1]
-        assert record["forwards_per_micro_batch"] == [[2.0 if checkpointed else 1.0] * chunks_per_rank] * 2
+        forwards = [[2.0 if checkpointed else 1.0] * chunks_per_rank] * 2
+        if name == "1f1b_but_last":
+            forwards = [[2.0], [1.0]]  # rank 1 holds the last chunk, which keeps its graph
+        assert record["forwards_per_micro_batch"] == forwards
     assert "1f1b_m4" in multi["times"]  # checkpointed 1F1B keeps the key the older tables read
     for name in ("1f1b", "interleaved_1f1b"):  # full backward: checkpointing keeps only each chunk's input
         assert max(settings[name, True, 4]["peak_bytes"]) < max(settings[name, False, 4]["peak_bytes"])
+    # checkpointing the last chunk saves nothing there: it holds one micro-batch, as without checkpointing
+    selective, everywhere = settings["1f1b_but_last", True, 4]["peak_bytes"], settings["1f1b", True, 4]["peak_bytes"]
+    assert abs(selective[0] - everywhere[0]) <= 0.05 * everywhere[0]
+    assert selective[1] <= 1.1 * settings["1f1b", False, 4]["peak_bytes"][1]
 
 
 def test_engine_modes_measured_with_the_same_method(quick_run):
     peaks, info = quick_run["multi"]["info"]["activation_peak_bytes"], quick_run["multi"]["info"]
-    assert set(peaks) == {"petra", "reversible_backprop", "backprop"}
+    grouped = {"petra_groups_1,2/7": ("SRH", [1, 2, 7], [2, 1]), "petra_groups_4/6": ("SH", [4, 6], [1, 1])}
+    assert set(peaks) == {"petra", "reversible_backprop", "backprop", *grouped}
+    for name, (layout, groups, partition) in grouped.items():  # PETRA on coarser engine stages (--petra-groups)
+        assert info["petra_groups"][name] == {"groups": groups, "partition": partition, "layout": layout}
+        assert len(quick_run["multi"]["times"][name]) == 1
     assert all(len(p) == 2 and min(p) > 0 for p in peaks.values())
     # the measurement sees PETRA's input FIFOs (engine accounting) and more: the messages in flight, the
     # recomputation; only the images (allocated before) are not in it
@@ -76,14 +88,16 @@ def test_chunk_layouts_cover_every_stage_once(quick_run):
 def test_report_renders_the_rivals_and_equal_memory(quick_run, report, tmp_path):
     (tmp_path / "throughput-quick.json").write_text(json.dumps(quick_run))
     rows = {name: report.render(f"throughput-quick/{name}", tmp_path).splitlines()
-            for name in ("chunks", "rivals", "equal-memory")}  # fmt: skip
+            for name in ("chunks", "rivals", "equal-memory", "petra-settings")}  # fmt: skip
     assert len(rows["chunks"]) == 2 + 4
-    assert len(rows["rivals"]) == 2 + 3 + 10 and rows["rivals"][2].startswith("| PETRA")
+    assert len(rows["rivals"]) == 2 + 5 + 11 and rows["rivals"][2].startswith("| PETRA")
     assert len(rows["equal-memory"]) == 2 + 2 + 5
-    assert all(row.count("|") == rows["equal-memory"][0].count("|") for row in rows["equal-memory"])
+    assert len(rows["petra-settings"]) == 2 + 3 and "S R H (groups 1,2/7)" in rows["petra-settings"][3]
+    for table in ("equal-memory", "petra-settings"):
+        assert all(row.count("|") == rows[table][0].count("|") for row in rows[table])
     # results written before the rivals still render, with a note instead of the new tables
     data = Path(__file__).resolve().parent / "data"
-    for name in ("chunks", "rivals", "equal-memory"):
+    for name in ("chunks", "rivals", "equal-memory", "petra-settings"):
         assert report.render(f"throughput-quick/{name}", data) == report.NOT_MEASURED
 
 
