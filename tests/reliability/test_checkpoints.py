@@ -123,6 +123,12 @@ def test_a_checkpoint_of_another_set_up_is_refused(tmp_path):
     with pytest.raises(ValueError, match="micro_batch_size"):
         make_trainer(tmp_path / "other", per_device_train_batch_size=4, max_steps=4).train(
             resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
+    # as many pipeline stages, grouped differently: the stage files hold other stages' optimizer states
+    make_trainer(tmp_path / "groups", max_steps=2, save_strategy="steps", save_steps=2,
+                 petra_stage_groups="1,2,7").train()  # fmt: skip
+    with pytest.raises(ValueError, match=r"stage_groups: checkpoint \[1, 2, 7\], this run \[4, 3, 3\]"):
+        make_trainer(tmp_path / "other", petra_num_stages=3, max_steps=4).train(
+            resume_from_checkpoint=str(tmp_path / "groups" / "checkpoint-2"))
 
 
 @pytest.mark.parametrize("name,damage", [

@@ -253,6 +253,21 @@ def test_fewer_pipeline_stages(tmp_path):
     assert all(c.backwards == 4 for c in trainer.pipeline.counters().values())
 
 
+def test_explicit_stage_groups(tmp_path):
+    """petra_stage_groups keeps the two reversible blocks after the stem together: a reversible pipeline stage."""
+    trainer = make_trainer(tmp_path, petra_stage_groups="1,2,7", max_steps=2)
+    trainer.train()
+    assert [len(getattr(s, "members", [s])) for s in trainer.stages] == [1, 2, 7]
+    assert [s.reversible for s in trainer.stages] == [False, True, False]
+    assert all(c.backwards == 4 for c in trainer.pipeline.counters().values())
+    with pytest.raises(ValueError, match="petra_stage_groups .* adding up to the model's 10 stages.*'1,2,6'"):
+        make_trainer(tmp_path, petra_stage_groups="1,2,6")
+    with pytest.raises(ValueError, match="petra_stage_groups must be comma-separated"):
+        make_trainer(tmp_path, petra_stage_groups="one,nine")
+    with pytest.raises(ValueError, match="petra_stage_groups or petra_num_stages, not both"):
+        make_trainer(tmp_path, petra_stage_groups="5,5", petra_num_stages=2)
+
+
 def test_push_to_hub_uploads_the_gathered_folder_with_its_card(tmp_path, monkeypatch):
     from huggingface_hub import HfApi
 

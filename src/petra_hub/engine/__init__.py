@@ -8,7 +8,7 @@
 """
 
 from .errors import PeerFailureError, PipelineError, StageMismatchError
-from .stages import StageGroup, merge_stages, stage_layout
+from .stages import StageGroup, group_sizes, merge_stages, stage_layout
 from .accounting import MemoryStats, StageCounters
 from .modes import Mode
 from .optim import paper_sgd
@@ -39,6 +39,7 @@ __all__ = [
     "StageGroup",
     "StageWorker",
     "compile_stage",
+    "group_sizes",
     "merge_stages",
     "stage_layout",
     "paper_sgd",

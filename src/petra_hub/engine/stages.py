@@ -63,6 +63,11 @@ def merge_stages(stages: list[nn.Module], groups: int | Sequence[int]) -> list[n
     return merged
 
 
+def group_sizes(stages: list[nn.Module]) -> list[int]:
+    """How many model stages each pipeline stage groups (the inverse of `merge_stages`' sizes)."""
+    return [len(stage.members) if isinstance(stage, StageGroup) else 1 for stage in stages]
+
+
 def stage_layout(stages: list[nn.Module]) -> str:
     """One letter per stage: S the first (stem), H the last (head), R a reversible stage, D any other (e.g. a
     non-reversible downsampling block). RevNet18 reads "SRRDRDRDRH"."""

@@ -30,6 +30,11 @@ class PetraTrainingArguments(TrainingArguments):
     petra_num_stages: int | None = field(
         default=None, metadata={"help": "Pipeline stages J; default: the model's own stages (one per block)."}
     )
+    petra_stage_groups: str | None = field(
+        default=None, metadata={"help": "Pipeline stages as groups of the model's consecutive stages, e.g. '1,2,7' "
+                                        "(RevNet18: the stem, two reversible blocks as one stage, the rest); instead "
+                                        "of petra_num_stages."}
+    )
     petra_partition: str | None = field(
         default=None, metadata={"help": "Stages per process, e.g. '5,5'; 'auto': the fastest split, measured on the "
                                         "first micro-batch; default: an even split."}
@@ -104,6 +109,7 @@ class PetraTrainingArguments(TrainingArguments):
         if self.petra_num_stages is not None and self.petra_num_stages < 1:
             raise ValueError(f"petra_num_stages must be >= 1, got {self.petra_num_stages}")
         self.partition_sizes()  # validates the format
+        self.stage_groups(None)  # validates the format
         self.precision()
         if self.petra_check_reconstruction_every < 0:
             raise ValueError(
@@ -142,6 +148,23 @@ class PetraTrainingArguments(TrainingArguments):
             raise ValueError(
                 f"petra_partition must be 'auto' or comma-separated stage counts like '5,5', got {self.petra_partition!r}"
             ) from None
+
+    def stage_groups(self, model_stages: int | None) -> int | list[int]:
+        """What `merge_stages` groups the model's `model_stages` stages by: petra_stage_groups' sizes,
+        petra_num_stages, or one pipeline stage per model stage (None: only check the format)."""
+        if not self.petra_stage_groups:
+            return self.petra_num_stages or model_stages
+        if self.petra_num_stages is not None:
+            raise ValueError("give petra_stage_groups or petra_num_stages, not both")
+        try:
+            sizes = [int(size) for size in str(self.petra_stage_groups).split(",")]
+        except ValueError:
+            sizes = []
+        if not sizes or min(sizes) < 1 or (model_stages is not None and sum(sizes) != model_stages):
+            stages = "" if model_stages is None else f" adding up to the model's {model_stages} stages"
+            raise ValueError(f"petra_stage_groups must be comma-separated positive group sizes{stages}, e.g. "
+                             f"'1,2,7', got {self.petra_stage_groups!r}")  # fmt: skip
+        return sizes
 
     def memory_budget_bytes(self) -> int | None:
         """`petra_memory_budget` in bytes (None: off)."""

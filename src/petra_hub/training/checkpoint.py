@@ -41,11 +41,12 @@ class PetraState:
     epoch_offset: int | None = None
     micro_batch_size: int | None = None
     dataset: str | None = None  # the train set's name and size, e.g. "digits (1437)"
+    stage_groups: list[int] | None = None  # model stages per pipeline stage (None in older checkpoints)
 
     def check_compatible(self, other: "PetraState", folder) -> None:
         """Refuse to resume a run whose set-up differs from the checkpoint's (fields unknown to old checkpoints are
         not compared)."""
-        keys = ("num_stages", "mode", "accumulation_steps", "micro_batch_size", "dataset")
+        keys = ("num_stages", "stage_groups", "mode", "accumulation_steps", "micro_batch_size", "dataset")
         differ = [
             f"{key}: checkpoint {getattr(self, key)!r}, this run {getattr(other, key)!r}"
             for key in keys

@@ -297,6 +297,9 @@ TRAINING_ARGUMENT_SUPPORT: dict[str, FieldSupport] = {
         "training method: petra, or a baseline (" + ", ".join(m.value for m in Mode if m.value != "petra") + ")"
     ),
     "petra_num_stages": _honoured("pipeline stages J (default: the model's own stages, one per block)"),
+    "petra_stage_groups": _honoured(
+        "pipeline stages as groups of the model's consecutive stages, e.g. '1,2,7' (instead of petra_num_stages)"
+    ),
     "petra_partition": _honoured(
         "stages per process, e.g. '5,5', or 'auto' (the fastest split, stages measured on the first micro-batch)"
     ),

@@ -25,7 +25,7 @@ from transformers import Trainer
 from transformers.trainer_callback import ExportableState, TrainerState
 from transformers.trainer_utils import PredictionOutput, TrainOutput, get_last_checkpoint, speed_metrics
 
-from ..engine import Pipeline, merge_stages, replica_of
+from ..engine import Pipeline, group_sizes, merge_stages, replica_of
 from .arguments import PetraTrainingArguments
 from .batches import check_all_labels, check_first_batch, dataset_label, epoch_batches, make_loader, plan_steps, split_batch
 from .batches import repeated_first_batch
@@ -75,7 +75,7 @@ class PetraTrainer(Trainer):
 
     def _make_stages(self) -> list:
         model_stages = self.model.get_stages()
-        stages = merge_stages(model_stages, self.args.petra_num_stages or len(model_stages))
+        stages = merge_stages(model_stages, self.args.stage_groups(len(model_stages)))
         processes = world_size() // self.args.petra_data_parallel
         if processes > len(stages):
             raise ValueError(
@@ -252,7 +252,8 @@ class PetraTrainer(Trainer):
     def _run_state(self) -> PetraState:
         args = self.args
         return PetraState(self._micro_batches_fed, len(self.stages), args.petra_mode, args.gradient_accumulation_steps,
-                          *self._position, args.per_device_train_batch_size, dataset_label(self.train_dataset))
+                          *self._position, args.per_device_train_batch_size, dataset_label(self.train_dataset),
+                          group_sizes(self.stages))
 
     def _preflight(self, resume_from_checkpoint: str | None) -> None:
         """What can fail later is checked now, before any work: the output folder (writable, room for a checkpoint,
