@@ -277,7 +277,8 @@ def throughput_two_processes(r, arg=None):
         exchange = " / ".join(map(ms, f["exchange"][name])) if name in f["exchange"] else "n/a"
         faulted = statistics.median(max(row) for row in multi_process(r)["faults"][name])
         rows.append([
-            label, ms(median), ms(low), ms(high), "-" if name == "petra" else f"{f['vs'][name]:.2f}x",
+            label, ms(median), ms(low), ms(high), "-" if name.startswith("petra_groups") or name == "petra" else
+            f"{f['vs'][name]:.2f}x",
             " / ".join(map(ms, f["cpu"][name])), exchange, f"{f['busy'][name]:.2f}", f"{faulted:.0f}",
         ])  # fmt: skip
     ranks = "rank " + " / ".join(map(str, range(len(r["partition"]))))
