@@ -75,6 +75,15 @@ def make_pipeline(stages, mode, *, lr: float | None = None, accumulation_steps: 
     )
 
 
+def parse_groups(spec: str) -> list[list[int]]:
+    """"1,2/7" -> [[1, 2], [7]]: the sizes of the engine stages (groups of model stages) each rank runs (ranks
+    separated by '/', groups by ','). Raises ValueError on anything else."""
+    ranks = [[int(size) for size in rank.split(",")] for rank in spec.split("/")]
+    if any(size < 1 for rank in ranks for size in rank):
+        raise ValueError(spec)
+    return ranks
+
+
 def feed(pipeline: Pipeline, batches, count: int, offset: int = 0) -> None:
     """`count` steps, with micro-batches `offset`, `offset + 1`, ... of `batches` (cycled)."""
     for index in range(offset, offset + count):

@@ -668,7 +668,11 @@ def simulator_main(r, arg=None):
     rows = []
     for row in need(r, "rows"):
         auto = r.get("auto_partition", {}).get(row["mode"])
-        rows.append([row["mode"], ",".join(map(str, row["partition"])), ms(row["measured_s"]), ms(row["predicted_s"]),
+        split = ",".join(map(str, row["partition"]))
+        if row.get("groups"):  # coarser engine stages: their sizes, ranks separated by "/"
+            bounds = [sum(row["partition"][:rank]) for rank in range(len(row["partition"]) + 1)]
+            split = "/".join(",".join(map(str, row["groups"][a:b])) for a, b in zip(bounds, bounds[1:]))
+        rows.append([row["mode"], split, ms(row["measured_s"]), ms(row["predicted_s"]),
                      f"{100 * row['error']:+.1f}%", "yes" if auto == row["partition"] else ""])
     errors = sorted(abs(row["error"]) for row in r["rows"])
     rows.append(["**all**", "", "", "", f"median {100 * statistics.median(errors):.1f}%, max {100 * errors[-1]:.1f}%",

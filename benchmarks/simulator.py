@@ -3,6 +3,8 @@
 
     python benchmarks/simulator.py            # 6 modes x 3 partitions, RevNet18 recipe width (~2 min)
     python benchmarks/simulator.py --quick    # 2 modes x 1 partition, tiny model: simulator-quick.json
+    python benchmarks/simulator.py --modes petra --groups 1,2/7 4/6 --out benchmarks/results/simulator_groups.json
+                                              # PETRA on coarser engine stages instead of the 3 partitions
 
 In a gloo group of 2 processes (one thread each): both ranks measure the stages of every mode with `profile_stages`
 at the same time (medians of 5 timings after the pipeline has filled, averaged over the ranks, so that the timings
@@ -34,8 +36,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from common import add_out_argument, build_model, cross_entropy, feed, make_pipeline, progress  # noqa: E402
-from common import random_batches, results_path, revnet_config, write_results  # noqa: E402
-from petra_hub.engine import Mode, Placement, StageCost, profile_stages, simulate  # noqa: E402
+from common import parse_groups, random_batches, results_path, revnet_config, write_results  # noqa: E402
+from petra_hub.engine import Mode, Placement, StageCost, merge_stages, profile_stages, simulate  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH, RECIPE_WIDTH  # noqa: E402
 
 PARTITIONS = ([5, 5], [4, 6], [6, 4])
@@ -45,14 +47,29 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--modes", nargs="+", default=None, help="default: all six (quick: petra backprop)")
     parser.add_argument("--micro-batches", type=int, default=None, help="per timed window (default 12; quick 4)")
+    parser.add_argument(
+        "--groups", nargs="+", default=None,
+        help="instead of the 3 partitions of the model's stages: coarser engine stages, each the group sizes per rank "
+             "(ranks separated by '/', groups by ','), e.g. 1,2/7 4/6",
+    )  # fmt: skip
     parser.add_argument("--quick", action="store_true")
     add_out_argument(parser, "simulator")
     args = parser.parse_args(argv)
+    try:
+        args.groups = [parse_groups(spec) for spec in args.groups or []]
+    except ValueError:
+        parser.error(f"--groups: expected group sizes like 1,2/7, got {args.groups}")
+    if any(len(ranks) != 2 for ranks in args.groups):
+        parser.error("--groups: every setting needs 2 ranks ('/'-separated)")
     args.modes = args.modes or (["petra", "backprop"] if args.quick else Mode.names())
     args.micro_batches = args.micro_batches or (4 if args.quick else 12)
     args.width = QUICK_WIDTH if args.quick else RECIPE_WIDTH
     args.batch = 8 if args.quick else 32
-    args.partitions = PARTITIONS[:1] if args.quick else PARTITIONS
+    # (group sizes or None, stages per rank): the 3 partitions of the model's own stages, or the --groups
+    args.settings = [(None, p) for p in (PARTITIONS[:1] if args.quick else PARTITIONS)]
+    if args.groups:
+        args.settings = [([size for rank in ranks for size in rank], [len(rank) for rank in ranks])
+                         for ranks in args.groups]  # fmt: skip
     return args
 
 
@@ -104,13 +121,22 @@ def job(rank, world_size, settings):
     config = revnet_config("revnet18", width=settings.width, num_labels=10)
     latency, bandwidth = link(rank)
     rows, auto = [], {}
+
+    def stages(groups):
+        model_stages = build_model(config).get_stages()
+        return merge_stages(model_stages, groups or len(model_stages))
+
     for mode in settings.modes:
-        costs = profile_on_every_rank(build_model(config).get_stages(), batches[0], mode, world_size)
-        chosen = Placement.auto(costs, world_size, link_bandwidth=bandwidth, latency=2 * latency)
-        auto[mode] = [len(group) for group in chosen.groups]
-        for partition in settings.partitions:
-            pipeline = make_pipeline(build_model(config).get_stages(), mode, lr=0.01, partition=partition,
-                                     timeout=600)
+        profiled = {}  # group sizes -> costs
+        for groups, partition in settings.settings:
+            key = tuple(groups or ())
+            if key not in profiled:
+                profiled[key] = profile_on_every_rank(stages(groups), batches[0], mode, world_size)
+            costs = profiled[key]
+            if groups is None and mode not in auto:
+                chosen = Placement.auto(costs, world_size, link_bandwidth=bandwidth, latency=2 * latency)
+                auto[mode] = [len(group) for group in chosen.groups]
+            pipeline = make_pipeline(stages(groups), mode, lr=0.01, partition=partition, timeout=600)
             feed(pipeline, batches, pipeline.schedule.latency if pipeline.mode.pipelined else 2)
             windows = []
             for _ in range(3):
@@ -125,12 +151,12 @@ def job(rank, world_size, settings):
             predicted = simulate(mode, costs, Placement.from_sizes(partition), link_bandwidth=bandwidth,
                                  latency=latency)
             measured = statistics.median(windows)
-            rows.append({"mode": mode, "partition": partition, "measured_s": measured,
+            rows.append({"mode": mode, "partition": partition, "groups": groups, "measured_s": measured,
                          "predicted_s": predicted.time_per_micro_batch,
                          "error": predicted.time_per_micro_batch / measured - 1,
                          "predicted_utilisation": list(predicted.utilisation), "windows_s": windows})
             if rank == 0:
-                progress(f"{mode:20s} {partition}: measured {1e3 * measured:.1f} ms, predicted "
+                progress(f"{mode:20s} {groups or ''} {partition}: measured {1e3 * measured:.1f} ms, predicted "
                          f"{1e3 * predicted.time_per_micro_batch:.1f} ms ({100 * rows[-1]['error']:+.1f}%)")
     return {"latency_s": latency, "bandwidth_Bps": bandwidth, "rows": rows, "auto_partition": auto}
 
@@ -138,7 +164,7 @@ def job(rank, world_size, settings):
 def main(argv=None) -> dict:
     settings = parse_args(argv)
     progress(f"2 processes, RevNet18 width {settings.width}, micro-batch {settings.batch}, modes "
-             f"{' '.join(settings.modes)}, partitions {settings.partitions}")
+             f"{' '.join(settings.modes)}, (groups, stages per rank) {settings.settings}")
     result = launch(job, 2, settings, env=STABLE_MALLOC_ENV)[0]
     errors = [abs(row["error"]) for row in result["rows"]]
     progress(f"link: latency {1e6 * result['latency_s']:.0f} us, bandwidth {result['bandwidth_Bps'] / 1e9:.2f} GB/s; "

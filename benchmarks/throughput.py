@@ -38,7 +38,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from common import add_out_argument, build_model, cross_entropy, feed, load_average, make_pipeline  # noqa: E402
-from common import progress, random_batches, results_path, revnet_config, sgd, tensors_of, write_results  # noqa: E402
+from common import parse_groups, progress, random_batches, results_path, revnet_config, sgd, tensors_of  # noqa: E402
+from common import write_results  # noqa: E402
 from rivals import SCHEDULES, allocation_peak, build_rivals, chunk_layout, contiguous_split  # noqa: E402
 from rivals import Part  # noqa: E402, F401 (timeline.py imports it from here)
 from rivals import measure_all  # noqa: E402
@@ -112,14 +113,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 DEFAULT_PETRA_GROUPS = ["1,2/7", "4/6"]
-
-
-def parse_groups(spec: str) -> list[list[int]]:
-    """"1,2/7" -> [[1, 2], [7]]: the sizes of the engine stages (groups of model stages) each rank runs."""
-    ranks = [[int(size) for size in rank.split(",")] for rank in spec.split("/")]
-    if any(size < 1 for rank in ranks for size in rank):
-        raise ValueError(spec)
-    return ranks
 
 
 def grouping_name(spec: str) -> str:
