@@ -75,13 +75,13 @@ def make_pipeline(stages, mode, *, lr: float | None = None, accumulation_steps: 
     )
 
 
-def parse_groups(spec: str) -> list[list[int]]:
-    """"1,2/7" -> [[1, 2], [7]]: the sizes of the engine stages (groups of model stages) each rank runs (ranks
-    separated by '/', groups by ','). Raises ValueError on anything else."""
+def parse_groups(spec: str) -> tuple[list[int], list[int]]:
+    """"1,2/7" -> ([1, 2, 7], [2, 1]): the sizes of the engine stages (groups of model stages) and how many of them
+    each rank runs (ranks separated by '/', groups by ','). Raises ValueError on anything else."""
     ranks = [[int(size) for size in rank.split(",")] for rank in spec.split("/")]
     if any(size < 1 for rank in ranks for size in rank):
         raise ValueError(spec)
-    return ranks
+    return [size for rank in ranks for size in rank], [len(rank) for rank in ranks]
 
 
 def feed(pipeline: Pipeline, batches, count: int, offset: int = 0) -> None:

@@ -253,9 +253,14 @@ def petra_groupings(r) -> dict[str, dict]:
     return multi_process(r)["info"].get("petra_groups", {})
 
 
+def groups_spec(groups: list[int], stages_per_rank: list[int]) -> str:
+    """([1, 2, 7], [2, 1]) -> "1,2/7": engine stage sizes, ranks separated by "/" (as `--petra-groups` takes them)."""
+    bounds = [sum(stages_per_rank[:rank]) for rank in range(len(stages_per_rank) + 1)]
+    return "/".join(",".join(map(str, groups[a:b])) for a, b in zip(bounds, bounds[1:]))
+
+
 def grouping_label(grouping: dict) -> str:
-    sizes = "/".join(",".join(map(str, grouping["groups"][sum(grouping["partition"][:rank]):][:count]))
-                     for rank, count in enumerate(grouping["partition"]))  # fmt: skip
+    sizes = groups_spec(grouping["groups"], grouping["partition"])
     return f"PETRA, engine stages {' '.join(grouping['layout'])} (groups {sizes}), steady state"
 
 
@@ -277,7 +282,7 @@ def throughput_two_processes(r, arg=None):
         exchange = " / ".join(map(ms, f["exchange"][name])) if name in f["exchange"] else "n/a"
         faulted = statistics.median(max(row) for row in multi_process(r)["faults"][name])
         rows.append([
-            label, ms(median), ms(low), ms(high), "-" if name.startswith("petra_groups") or name == "petra" else
+            label, ms(median), ms(low), ms(high), "-" if name in ("petra", *petra_groupings(r)) else
             f"{f['vs'][name]:.2f}x",
             " / ".join(map(ms, f["cpu"][name])), exchange, f"{f['busy'][name]:.2f}", f"{faulted:.0f}",
         ])  # fmt: skip
@@ -668,10 +673,8 @@ def simulator_main(r, arg=None):
     rows = []
     for row in need(r, "rows"):
         auto = r.get("auto_partition", {}).get(row["mode"])
-        split = ",".join(map(str, row["partition"]))
-        if row.get("groups"):  # coarser engine stages: their sizes, ranks separated by "/"
-            bounds = [sum(row["partition"][:rank]) for rank in range(len(row["partition"]) + 1)]
-            split = "/".join(",".join(map(str, row["groups"][a:b])) for a, b in zip(bounds, bounds[1:]))
+        groups, partition = row.get("groups"), row["partition"]
+        split = groups_spec(groups, partition) if groups else ",".join(map(str, partition))
         rows.append([row["mode"], split, ms(row["measured_s"]), ms(row["predicted_s"]),
                      f"{100 * row['error']:+.1f}%", "yes" if auto == row["partition"] else ""])
     errors = sorted(abs(row["error"]) for row in r["rows"])

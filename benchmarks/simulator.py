@@ -59,7 +59,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.groups = [parse_groups(spec) for spec in args.groups or []]
     except ValueError:
         parser.error(f"--groups: expected group sizes like 1,2/7, got {args.groups}")
-    if any(len(ranks) != 2 for ranks in args.groups):
+    if any(len(stages_per_rank) != 2 for _, stages_per_rank in args.groups):
         parser.error("--groups: every setting needs 2 ranks ('/'-separated)")
     args.modes = args.modes or (["petra", "backprop"] if args.quick else Mode.names())
     args.micro_batches = args.micro_batches or (4 if args.quick else 12)
@@ -68,8 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     # (group sizes or None, stages per rank): the 3 partitions of the model's own stages, or the --groups
     args.settings = [(None, p) for p in (PARTITIONS[:1] if args.quick else PARTITIONS)]
     if args.groups:
-        args.settings = [([size for rank in ranks for size in rank], [len(rank) for rank in ranks])
-                         for ranks in args.groups]  # fmt: skip
+        args.settings = args.groups
     return args
 
 

@@ -96,7 +96,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         groupings = [parse_groups(spec) for spec in args.petra_groups]
     except ValueError:
         parser.error(f"--petra-groups: expected group sizes like 1,2/7, got {args.petra_groups}")
-    if any(len(ranks) != args.num_processes for ranks in groupings):
+    if any(len(stages_per_rank) != args.num_processes for _, stages_per_rank in groupings):
         parser.error(f"--petra-groups: every setting needs {args.num_processes} ranks ('/'-separated), got "
                      f"{args.petra_groups}")  # fmt: skip
     asked = {"all": list(SCHEDULES), "none": []}.get(args.rivals, [r for r in args.rivals.split(",") if r])
@@ -266,8 +266,6 @@ def multi_process_job(rank, world_size, settings, partition, boundary_numel, cop
              for mode in ("petra", "reversible_backprop", "backprop")}  # fmt: skip
     # PETRA with coarser engine stages: {name: (group sizes, stages per rank)}
     grouped = {grouping_name(spec): parse_groups(spec) for spec in settings.petra_groups}
-    grouped = {name: ([size for rank in ranks for size in rank], [len(rank) for rank in ranks])
-               for name, ranks in grouped.items()}  # fmt: skip
     for name, (groups, stages_per_rank) in grouped.items():
         peaks[name] = all_values(engine_peak(settings, "petra", stages_per_rank, batches, groups))
 
@@ -361,6 +359,10 @@ def main(argv=None) -> dict:
     settings = parse_args(argv)
     loads = [load_average()]
     progress(f"{os.cpu_count()} CPUs, torch {torch.__version__}, load average {loads[0]}")
+    model_stages = len(revnet18(settings).get_stages())
+    for spec in settings.petra_groups:  # before any work
+        if sum(parse_groups(spec)[0]) != model_stages:
+            raise SystemExit(f"--petra-groups {spec}: the group sizes must add up to the {model_stages} stages")
     started = time.time()
     env = {} if settings.default_malloc else STABLE_MALLOC_ENV
 
@@ -372,9 +374,6 @@ def main(argv=None) -> dict:
     if len(partition) != processes or sum(partition) != len(layout) or min(partition) < 1:
         raise SystemExit(f"--partition must split the {len(layout)} stages in {processes} groups, got {partition}")
     progress(f"partition {partition} (per-stage CPU ms {[round(c, 1) for c in one['stage_ms']]})")
-    for spec in settings.petra_groups:
-        if sum(map(sum, parse_groups(spec))) != len(layout):
-            raise SystemExit(f"--petra-groups {spec}: the group sizes must add up to the {len(layout)} stages")
     loads.append(load_average())
 
     chunks = chunk_layout(one["stage_ms"], partition, processes)

@@ -23,7 +23,7 @@ def test_quick_run_writes_predictions_beside_measurements(tmp_path):
         sum(sizes) == 10 for sizes in result["auto_partition"].values())
 
 
-def test_grouped_stages_are_profiled_and_simulated_as_grouped(tmp_path):
+def test_grouped_stages_are_profiled_and_simulated_as_grouped(tmp_path, report):
     """--groups: PETRA on coarser engine stages, each grouping profiled as grouped; the report names the groups."""
     out = tmp_path / "simulator_groups.json"
     subprocess.run([sys.executable, str(BENCHMARKS / "simulator.py"), "--quick", "--modes", "petra", "--groups",
@@ -32,10 +32,5 @@ def test_grouped_stages_are_profiled_and_simulated_as_grouped(tmp_path):
     rows = [(row["groups"], row["partition"]) for row in result["rows"]]
     assert rows == [([1, 2, 7], [2, 1]), ([4, 6], [1, 1])]
     assert all(row["measured_s"] > 0 and row["predicted_s"] > 0 for row in result["rows"])
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import report
-    finally:
-        sys.path.remove(str(BENCHMARKS))
     table = report.render("simulator_groups/main", tmp_path)
     assert "| petra | 1,2/7 |" in table and "| petra | 4/6 |" in table
