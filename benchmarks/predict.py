@@ -13,6 +13,15 @@ device (J = 10 for RevNet18, 18 for RevNet34/50), each device running the contig
 it, over three links: PCIe 4.0 x16 (25 GB/s, 10 us), NVLink (300 GB/s, 5 us), and this machine's loopback as the
 engine uses it (benchmarks/results/simulator.json). Every device is assumed as fast as this core, and the engine's
 own time per tick is the one measured here.
+
+Against the strongest synchronous rival at equal memory: the stages are also profiled under the engine's `backprop`
+mode (forward, and backward through the kept graph), and `simulate_1f1b` replays torch's `Schedule1F1B` on each
+device count, without checkpointing, checkpointed, and checkpointed on every chunk but the last, at m = W, 2W and 4W
+micro-batches per step (4W: GPipe's rule for a negligible bubble), each on the `Placement.auto` split of its own
+costs. PETRA is predicted in two settings: one engine stage per model stage (J), and, on fewer devices than stages,
+one engine stage per device (each device's group of `Placement.auto` merged, profiled as merged), which holds less.
+Peak memory per device: PETRA's stages' measured `held_bytes`; 1F1B's parameters plus the micro-batches in flight
+(`simulate_1f1b`).
 """
 
 from __future__ import annotations
@@ -36,12 +45,13 @@ import torch  # noqa: E402
 
 from common import RESULTS, add_out_argument, build_model, cross_entropy, progress, random_batches  # noqa: E402
 from common import results_path, revnet_config, write_results  # noqa: E402
-from petra_hub.engine import Placement, profile_stages, simulate  # noqa: E402
+from petra_hub.engine import Placement, merge_stages, profile_stages, simulate, simulate_1f1b  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH  # noqa: E402
 
 DEVICES = {10: (2, 4, 5, 10), 18: (2, 6, 9, 18)}  # by number of stages J: 2 devices up to one stage each
 MODELS = ("revnet18", "revnet34", "revnet50")
 PAPER_TABLE5 = {"revnet18": {"devices": 10, "speedup": 3.0}, "revnet34": {"devices": 18, "speedup": 2.4}}
+CHECKPOINTING = ("none", "but_last", "all")  # simulate_1f1b's settings of the rival
 
 def links() -> dict[str, tuple[float, float]]:
     """name -> (bandwidth B/s, latency s per message)."""
@@ -63,6 +73,15 @@ def predict_model(preset: str, quick: bool) -> dict:
     sample = random_batches(1, batch, 32)[0]
     costs = profile_stages(stages, sample, cross_entropy, repeats=3, warmup=1)
     naive_costs = profile_stages(stages, sample, cross_entropy, mode="reversible_backprop", repeats=3, warmup=1)
+    plain_costs = profile_stages(stages, sample, cross_entropy, mode="backprop", repeats=3, warmup=1)
+    merged = {}  # group sizes -> costs of the stages merged into one engine stage per device
+
+    def one_stage_per_device(sizes: list[int], bandwidth: float, latency: float):
+        if tuple(sizes) not in merged:
+            merged[tuple(sizes)] = profile_stages(merge_stages(build_model(config).get_stages(), sizes), sample,
+                                                  cross_entropy, repeats=3, warmup=1)
+        return simulate("petra", merged[tuple(sizes)], Placement.from_sizes([1] * len(sizes)), bandwidth, latency)
+
     ideal = sum(c.compute_s for c in costs) / max(c.compute_s for c in costs)
     rows = []
     for name, (bandwidth, latency) in links().items():
@@ -71,10 +90,15 @@ def predict_model(preset: str, quick: bool) -> dict:
             petra = simulate("petra", costs, placement, bandwidth, latency)
             naive = simulate("reversible_backprop", naive_costs, placement, bandwidth, latency, micro_batches=8)
             cap = sum(c.compute_s for c in costs) / max(sum(costs[i].compute_s for i in g) for g in placement.groups)
-            rows.append({"link": name, "devices": devices, "partition": [len(g) for g in placement.groups],
+            sizes = [len(g) for g in placement.groups]
+            coarse = one_stage_per_device(sizes, bandwidth, latency) if devices < len(stages) else None
+            rows.append({"link": name, "devices": devices, "partition": sizes,
                          "petra_s": petra.time_per_micro_batch, "naive_s": naive.time_per_micro_batch,
                          "speedup": naive.time_per_micro_batch / petra.time_per_micro_batch, "partition_cap": cap,
-                         "petra_utilisation": list(petra.utilisation)})
+                         "petra_utilisation": list(petra.utilisation), "petra_peak_bytes": max(petra.peak_memory),
+                         "petra_per_device": None if coarse is None else {
+                             "time_s": coarse.time_per_micro_batch, "peak_bytes": max(coarse.peak_memory)},
+                         "rivals": rivals(plain_costs, devices, bandwidth, latency)})
             progress(f"{preset} {name:32s} {devices:2d} devices {rows[-1]['partition']}: PETRA "
                      f"{1e3 * petra.time_per_micro_batch:.0f} ms, naive {1e3 * naive.time_per_micro_batch:.0f} ms, "
                      f"{rows[-1]['speedup']:.2f}x (this split's cap {cap:.2f}x)")
@@ -89,7 +113,23 @@ def predict_model(preset: str, quick: bool) -> dict:
         progress(f"{preset} {name:32s} {len(costs)} devices 100x faster than this core: {fast[name]:.2f}x")
     return {"widths": list(config.hidden_sizes), "micro_batch": batch, "num_stages": len(stages),
             "stage_costs": [vars(c) for c in costs], "naive_stage_costs": [vars(c) for c in naive_costs],
+            "plain_stage_costs": [vars(c) for c in plain_costs],
             "ideal_one_stage_per_device": ideal, "rows": rows, "hundredfold_faster_devices": fast}
+
+
+def rivals(costs, devices: int, bandwidth: float, latency: float) -> list[dict]:
+    """`simulate_1f1b` at every checkpointing and m in (W, 2W, 4W), each on the split that balances its own costs."""
+    rows = []
+    for checkpointing in CHECKPOINTING:
+        # what a rank computes per micro-batch: a checkpointed chunk runs its forward twice
+        timed = costs if checkpointing == "none" else [replace(c, backward_s=c.backward_s + c.forward_s) for c in costs]
+        placement = Placement.auto(timed, devices, link_bandwidth=bandwidth, latency=latency)
+        for m in (devices, 2 * devices, 4 * devices):
+            result = simulate_1f1b(costs, placement, m, checkpointing, bandwidth, latency)
+            rows.append({"checkpointing": checkpointing, "m": m, "partition": [len(g) for g in placement.groups],
+                         "time_s": result.time_per_micro_batch, "peak_bytes": max(result.peak_memory),
+                         "bubble_fraction": result.bubble_fraction})
+    return rows
 
 
 def main(argv=None) -> dict:

@@ -668,14 +668,19 @@ def fidelity_summary(r, arg=None):
 
 
 # -- simulator -------------------------------------------------------------------------------------------------------
+def split_label(row: dict) -> str:
+    """A simulator row's stages per rank: "4,6", or the engine stages' groups "1,2/7"."""
+    groups, partition = row.get("groups"), row["partition"]
+    return groups_spec(groups, partition) if groups else ",".join(map(str, partition))
+
+
 def simulator_main(r, arg=None):
     """Measured against predicted time per micro-batch, per mode and partition, with the automatic partition."""
     rows = []
     for row in need(r, "rows"):
         auto = r.get("auto_partition", {}).get(row["mode"])
-        groups, partition = row.get("groups"), row["partition"]
-        split = groups_spec(groups, partition) if groups else ",".join(map(str, partition))
-        rows.append([row["mode"], split, ms(row["measured_s"]), ms(row["predicted_s"]),
+        mode = f"{row['mode']}, m = {row['m']}" if "m" in row else row["mode"]
+        rows.append([mode, split_label(row), ms(row["measured_s"]), ms(row["predicted_s"]),
                      f"{100 * row['error']:+.1f}%", "yes" if auto == row["partition"] else ""])
     errors = sorted(abs(row["error"]) for row in r["rows"])
     rows.append(["**all**", "", "", "", f"median {100 * statistics.median(errors):.1f}%, max {100 * errors[-1]:.1f}%",
@@ -683,6 +688,18 @@ def simulator_main(r, arg=None):
     header = ["mode", "stages per rank", "measured ms / micro-batch", "predicted ms", "error",
               "Placement.auto's choice"]
     return table(header, rows, "llrrrl")
+
+
+def simulator_memory(r, arg=None):
+    """The allocation peak per rank measured in each run against the simulated one (both without the parameters)."""
+    rows = [[f"{row['mode']}, m = {row['m']}" if "m" in row else row["mode"], split_label(row),
+             " / ".join(mib(b) for b in row["measured_peak_bytes"]), " / ".join(mib(b) for b in row["predicted_peak_bytes"]),
+             " / ".join(f"{p / m:.2f}" for p, m in zip(row["predicted_peak_bytes"], row["measured_peak_bytes"]))]
+            for row in need(r, "rows") if "measured_peak_bytes" in row]  # fmt: skip
+    if not rows:
+        return NOT_MEASURED
+    header = ["schedule", "stages per rank", "measured peak MiB (rank 0 / rank 1)", "predicted", "predicted / measured"]
+    return table(header, rows, "llrrr")
 
 
 def predict_main(r, arg=None):
@@ -695,6 +712,45 @@ def predict_main(r, arg=None):
     header = ["model", "link (predicted)", "devices", "stages per device (Placement.auto)", "PETRA ms / micro-batch",
               "naive ms / micro-batch", "speed-up", "compute cap of the split"]  # fmt: skip
     return table(header, rows, "llrlrrrr")
+
+
+EQUAL_MEMORY = 1.02  # a simulated peak is an estimate: a rival 2% above PETRA's counts as within its memory
+RIVAL_CHECKPOINTING = {"none": "no checkpointing", "but_last": "checkpointed but the last chunk",
+                       "all": "checkpointed"}
+
+
+def predict_rivals(r, arg=None):
+    """PREDICTED: each PETRA setting against `Schedule1F1B` (simulated) on one link (`arg`, default PCIe): the fastest
+    1F1B setting within PETRA's peak memory per device (+2%), the fastest checkpointed one and the fastest of all."""
+    link = arg or "PCIe 4.0 x16"
+    rows = []
+    for preset, model in need(r, "models").items():
+        for row in need(model, "rows"):
+            if row["link"] != link:
+                continue
+            rivals = [(f"{RIVAL_CHECKPOINTING[x['checkpointing']]}, m = {x['m']}", x["peak_bytes"], x["time_s"],
+                       x["checkpointing"] != "none") for x in need(row, "rivals")]  # fmt: skip
+            settings = [(f"one stage per model stage (J = {model['num_stages']})", row["petra_s"],
+                         row["petra_peak_bytes"])]
+            if row.get("petra_per_device"):
+                coarse = row["petra_per_device"]
+                settings.append(("one engine stage per device", coarse["time_s"], coarse["peak_bytes"]))
+            for label, seconds, peak in settings:
+                def fastest(candidates, with_peak=True):
+                    if not candidates:
+                        return ["none"] + ["-"] * (3 if with_peak else 2)
+                    name, their_peak, theirs, _ = min(candidates, key=lambda x: x[2])
+                    return [name, *([mib(their_peak)] if with_peak else []), ms(theirs), f"**{theirs / seconds:.2f}x**"]
+
+                rows.append([preset.replace("revnet", "RevNet"), row["devices"], label, ms(seconds), mib(peak),
+                             *fastest([x for x in rivals if x[1] <= EQUAL_MEMORY * peak]),
+                             *fastest([x for x in rivals if x[3]], False),
+                             *fastest(rivals)])  # fmt: skip
+    header = ["model", "devices", "PETRA setting (predicted)", "ms / micro-batch", "peak MiB per device",
+              "fastest 1F1B within PETRA's memory (+2%)", "its peak", "ms", "PETRA faster by",
+              "fastest checkpointed 1F1B", "ms", "PETRA faster by", "fastest 1F1B", "its peak", "ms",
+              "PETRA faster by"]  # fmt: skip
+    return table(header, rows, "lrlrrlrrrlrrlrrr")
 
 
 def predict_costs(r, arg=None):
@@ -906,10 +962,10 @@ RENDERERS = {
     },
     "accuracy_digits": {"summary": accuracy_summary, "main": accuracy_main, "table4": accuracy_table4},
     "fidelity": {"main": fidelity_main, "summary": fidelity_summary},
-    "simulator": {"main": simulator_main},
+    "simulator": {"main": simulator_main, "memory": simulator_memory},
     "kept_graphs": {"main": kept_graphs_main},
     "delay_sensitivity": {"main": delay_sensitivity_main},
-    "predict": {"main": predict_main, "costs": predict_costs},
+    "predict": {"main": predict_main, "costs": predict_costs, "rivals": predict_rivals},
     "overhead": {"main": overhead_main},
     "messages": {"main": messages_main},
     "compile": {"main": from_benchmark("compile")},

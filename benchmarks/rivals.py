@@ -281,6 +281,19 @@ def measure_fresh(rival: Rival, batches) -> tuple[int, list[float]]:
     return peak, forwards
 
 
+def pipeline_peak(pipeline, batches) -> int:
+    """`allocation_peak` of an engine `Pipeline` never stepped, from empty through twice its fill and the drain (its
+    steady state included; a synchronous mode: 3 micro-batches), fed `batches` = [(images, labels), ...] in turn."""
+    count = 2 * pipeline.schedule.latency if pipeline.mode.pipelined else 3
+
+    def work():
+        for index in range(count):
+            pipeline.step(*batches[index % len(batches)])
+        pipeline.drain()
+
+    return allocation_peak(work, [p for stage in pipeline.stages for p in stage.parameters()])
+
+
 def allocation_peak(work, params) -> int:
     """Run `work()` under the profiler's memory tracking and return the largest number of bytes of CPU tensor
     storage that was allocated during `work` and was still alive, storages that became a parameter's `.grad`

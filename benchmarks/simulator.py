@@ -5,13 +5,20 @@
     python benchmarks/simulator.py --quick    # 2 modes x 1 partition, tiny model: simulator-quick.json
     python benchmarks/simulator.py --modes petra --groups 1,2/7 4/6 --out benchmarks/results/simulator_groups.json
                                               # PETRA on coarser engine stages instead of the 3 partitions
+    python benchmarks/simulator.py --modes --rival-microbatches 2 8 18 --out benchmarks/results/simulator_1f1b.json
+                                              # torch's Schedule1F1B against `simulate_1f1b` instead
 
 In a gloo group of 2 processes (one thread each): both ranks measure the stages of every mode with `profile_stages`
 at the same time (medians of 5 timings after the pipeline has filled, averaged over the ranks, so that the timings
 see the machine as busy as during the run), both ranks measure the link (bandwidth by a ping-pong, the per-tick
 exchange cost on a pipeline of near-empty stages), and then, for every mode and partition, train for a warm-up and
 time 3 windows of micro-batches (the slower rank's wall time per micro-batch, median over the windows). `simulate`
-predicts the same from the profile and the link; the JSON holds both and the relative error.
+predicts the same from the profile and the link; the JSON holds both and the relative error. With
+`--rival-microbatches`, torch's `Schedule1F1B` (one chunk per rank, on each partition, without checkpointing,
+checkpointed, and checkpointed on every chunk but the last) is measured the same way at each n_microbatches m and
+predicted by `simulate_1f1b` from the stages profiled under the engine's `backprop` mode. Every run's allocation
+peak per rank (`rivals.pipeline_peak`, measured fresh as the throughput benchmark does) stands beside the
+simulated peak memory, both without the parameters.
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ import torch.distributed as dist  # noqa: E402
 from common import add_out_argument, build_model, cross_entropy, feed, make_pipeline, progress  # noqa: E402
 from common import parse_groups, random_batches, results_path, revnet_config, write_results  # noqa: E402
 from petra_hub.engine import Mode, Placement, StageCost, merge_stages, profile_stages, simulate  # noqa: E402
+from petra_hub.engine import simulate_1f1b  # noqa: E402
+from rivals import Rival, measure_fresh, pipeline_peak  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH, RECIPE_WIDTH  # noqa: E402
 
 PARTITIONS = ([5, 5], [4, 6], [6, 4])
@@ -45,7 +54,9 @@ PARTITIONS = ([5, 5], [4, 6], [6, 4])
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--modes", nargs="+", default=None, help="default: all six (quick: petra backprop)")
+    parser.add_argument("--modes", nargs="*", default=None, help="default: all six (quick: petra backprop)")
+    parser.add_argument("--rival-microbatches", nargs="+", type=int, default=[],
+                        help="also torch's Schedule1F1B at these n_microbatches, against simulate_1f1b")
     parser.add_argument("--micro-batches", type=int, default=None, help="per timed window (default 12; quick 4)")
     parser.add_argument(
         "--groups", nargs="+", default=None,
@@ -61,7 +72,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--groups: expected group sizes like 1,2/7, got {args.groups}")
     if any(len(stages_per_rank) != 2 for _, stages_per_rank in args.groups):
         parser.error("--groups: every setting needs 2 ranks ('/'-separated)")
-    args.modes = args.modes or (["petra", "backprop"] if args.quick else Mode.names())
+    if args.modes is None:
+        args.modes = ["petra", "backprop"] if args.quick else Mode.names()
+    if any(m < 1 for m in args.rival_microbatches):
+        parser.error(f"--rival-microbatches: expected positive counts, got {args.rival_microbatches}")
     args.micro_batches = args.micro_batches or (4 if args.quick else 12)
     args.width = QUICK_WIDTH if args.quick else RECIPE_WIDTH
     args.batch = 8 if args.quick else 32
@@ -136,6 +150,7 @@ def job(rank, world_size, settings):
                 chosen = Placement.auto(costs, world_size, link_bandwidth=bandwidth, latency=2 * latency)
                 auto[mode] = [len(group) for group in chosen.groups]
             pipeline = make_pipeline(stages(groups), mode, lr=0.01, partition=partition, timeout=600)
+            peak = pipeline_peak(pipeline, batches)
             feed(pipeline, batches, pipeline.schedule.latency if pipeline.mode.pipelined else 2)
             windows = []
             for _ in range(3):
@@ -150,14 +165,66 @@ def job(rank, world_size, settings):
             predicted = simulate(mode, costs, Placement.from_sizes(partition), link_bandwidth=bandwidth,
                                  latency=latency)
             measured = statistics.median(windows)
+            peaks = [None] * world_size
+            dist.all_gather_object(peaks, peak)
             rows.append({"mode": mode, "partition": partition, "groups": groups, "measured_s": measured,
                          "predicted_s": predicted.time_per_micro_batch,
                          "error": predicted.time_per_micro_batch / measured - 1,
-                         "predicted_utilisation": list(predicted.utilisation), "windows_s": windows})
+                         "predicted_utilisation": list(predicted.utilisation), "windows_s": windows,
+                         "measured_peak_bytes": peaks,
+                         "predicted_peak_bytes": without_parameters(predicted, costs, partition)})
             if rank == 0:
                 progress(f"{mode:20s} {groups or ''} {partition}: measured {1e3 * measured:.1f} ms, predicted "
                          f"{1e3 * predicted.time_per_micro_batch:.1f} ms ({100 * rows[-1]['error']:+.1f}%)")
+    if settings.rival_microbatches:
+        rows += rival_rows(rank, world_size, settings, stages(None), batches, latency, bandwidth)
     return {"latency_s": latency, "bandwidth_Bps": bandwidth, "rows": rows, "auto_partition": auto}
+
+
+def without_parameters(predicted, costs, partition) -> list[int]:
+    """A simulation's peak memory per rank less the rank's parameters (which the measured allocation peak leaves
+    out)."""
+    groups = Placement.from_sizes(partition).groups
+    return [peak - sum(costs[i].parameter_bytes for i in group) for peak, group in zip(predicted.peak_memory, groups)]
+
+
+CHECKPOINTING = {"none": None, "all": "torch", "but_last": "torch_but_last"}  # simulate_1f1b's name -> rivals.py's
+
+
+def rival_rows(rank, world_size, settings, model_stages, batches, latency, bandwidth) -> list[dict]:
+    """torch's Schedule1F1B on every partition, checkpointing and m, measured, and predicted by `simulate_1f1b`."""
+    costs = profile_on_every_rank(model_stages, batches[0], "backprop", world_size)
+    rows = []
+    for _, partition in settings.settings:
+        layout = {"1f1b": {"sizes": partition, "ranks": list(range(world_size))}}
+        for checkpointing, m in [(c, m) for c in CHECKPOINTING for m in settings.rival_microbatches]:
+            config = revnet_config("revnet18", width=settings.width, num_labels=10)
+            rival = Rival("1f1b", CHECKPOINTING[checkpointing], m, build_model(config).get_stages(), layout, rank,
+                          world_size, cross_entropy, lambda module: torch.optim.SGD(module.parameters(), lr=0.01))
+            peak, _ = measure_fresh(rival, batches)
+            steps = max(1, -(-settings.micro_batches // m))  # whole steps, at least the window's micro-batches
+            rival.step(batches, 0)
+            windows = []
+            for _ in range(3):
+                dist.barrier()
+                start = time.perf_counter()
+                for step in range(steps):
+                    rival.step(batches, step * m)
+                both = [None] * world_size
+                dist.all_gather_object(both, ((time.perf_counter() - start) / (steps * m), peak))
+                windows.append(max(t for t, _ in both))
+            predicted = simulate_1f1b(costs, Placement.from_sizes(partition), m, checkpointing, bandwidth, latency)
+            measured = statistics.median(windows)
+            rows.append({"mode": f"1f1b ({checkpointing})", "partition": partition, "groups": None, "m": m,
+                         "measured_s": measured, "predicted_s": predicted.time_per_micro_batch,
+                         "error": predicted.time_per_micro_batch / measured - 1, "windows_s": windows,
+                         "predicted_utilisation": list(predicted.utilisation),
+                         "measured_peak_bytes": [p for _, p in both],
+                         "predicted_peak_bytes": without_parameters(predicted, costs, partition)})
+            if rank == 0:
+                progress(f"1F1B {checkpointing:8s} m = {m:2d} {partition}: measured {1e3 * measured:.1f} ms, "
+                         f"predicted {1e3 * predicted.time_per_micro_batch:.1f} ms ({100 * rows[-1]['error']:+.1f}%)")
+    return rows
 
 
 def main(argv=None) -> dict:

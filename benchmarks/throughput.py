@@ -40,7 +40,7 @@ import torch.distributed as dist  # noqa: E402
 from common import add_out_argument, build_model, cross_entropy, feed, load_average, make_pipeline  # noqa: E402
 from common import parse_groups, progress, random_batches, results_path, revnet_config, sgd, tensors_of  # noqa: E402
 from common import write_results  # noqa: E402
-from rivals import SCHEDULES, allocation_peak, build_rivals, chunk_layout, contiguous_split  # noqa: E402
+from rivals import SCHEDULES, build_rivals, chunk_layout, contiguous_split, pipeline_peak  # noqa: E402
 from rivals import Part  # noqa: E402, F401 (timeline.py imports it from here)
 from rivals import measure_all  # noqa: E402
 from petra_hub.engine import merge_stages, stage_layout  # noqa: E402
@@ -238,16 +238,8 @@ def bare_exchange(rank, numel: int, copies: int, repeats: int = 20) -> float:
 
 
 def engine_peak(settings, mode, partition, batches, groups=None) -> int:
-    """Activation memory at its peak (`rivals.allocation_peak`) on a fresh pipeline: PETRA from empty through twice
-    its fill and the drain (its steady state included), a synchronous mode over 3 micro-batches."""
-    pipeline = engine(settings, mode, groups, partition=partition)
-    count = 2 * pipeline.schedule.latency if mode == "petra" else 3
-
-    def work():
-        feed(pipeline, batches, count)
-        pipeline.drain()
-
-    return allocation_peak(work, [p for stage in pipeline.stages for p in stage.parameters()])
+    """Activation memory at its peak (`rivals.pipeline_peak`) on a fresh pipeline."""
+    return pipeline_peak(engine(settings, mode, groups, partition=partition), batches)
 
 
 def multi_process_job(rank, world_size, settings, partition, boundary_numel, copies, layout):

@@ -8,7 +8,7 @@ from pathlib import Path
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def test_quick_predictions(tmp_path):
+def test_quick_predictions(tmp_path, report):
     out = tmp_path / "predict.json"
     subprocess.run([sys.executable, str(BENCHMARKS / "predict.py"), "--quick", "--out", str(out)], check=True,
                    capture_output=True, timeout=300)
@@ -20,3 +20,15 @@ def test_quick_predictions(tmp_path):
         assert sum(row["partition"]) == 10 and len(row["partition"]) == row["devices"]
         assert row["speedup"] == row["naive_s"] / row["petra_s"] > 1
     assert {row["devices"] for row in model["rows"]} == {2, 4, 5, 10}
+    for row in model["rows"]:  # the simulated 1F1B rivals: every checkpointing at m = W, 2W, 4W
+        settings = [(x["checkpointing"], x["m"]) for x in row["rivals"]]
+        ranks = row["devices"]
+        assert settings == [(c, m) for c in ("none", "but_last", "all") for m in (ranks, 2 * ranks, 4 * ranks)]
+        by = {(x["checkpointing"], x["m"]): x for x in row["rivals"]}
+        # more micro-batches per flush: a smaller bubble, the same micro-batches in flight
+        assert by["none", 4 * ranks]["time_s"] < by["none", ranks]["time_s"]
+        assert by["none", 4 * ranks]["peak_bytes"] == by["none", ranks]["peak_bytes"]
+        assert by["all", ranks]["time_s"] > by["none", ranks]["time_s"]
+        assert (row["petra_per_device"] is None) == (ranks == 10)
+    table = report.render("predict/rivals", tmp_path)
+    assert table.count("| RevNet18 |") == 4 + 3  # J = 10 on 2, 4, 5, 10 devices; one stage per device on 2, 4, 5

@@ -34,3 +34,19 @@ def test_grouped_stages_are_profiled_and_simulated_as_grouped(tmp_path, report):
     assert all(row["measured_s"] > 0 and row["predicted_s"] > 0 for row in result["rows"])
     table = report.render("simulator_groups/main", tmp_path)
     assert "| petra | 1,2/7 |" in table and "| petra | 4/6 |" in table
+
+
+def test_torch_1f1b_is_measured_beside_its_simulation(tmp_path, report):
+    """--rival-microbatches: Schedule1F1B at each checkpointing and m, measured and predicted by simulate_1f1b."""
+    out = tmp_path / "simulator_1f1b.json"
+    subprocess.run([sys.executable, str(BENCHMARKS / "simulator.py"), "--quick", "--modes", "--rival-microbatches",
+                    "2", "4", "--out", str(out)], check=True, capture_output=True, timeout=300)  # fmt: skip
+    result = json.loads(out.read_text())
+    rows = [(row["mode"], row["m"]) for row in result["rows"]]
+    assert rows == [(f"1f1b ({c})", m) for c in ("none", "all", "but_last") for m in (2, 4)]
+    for row in result["rows"]:
+        assert row["measured_s"] > 0 and row["predicted_s"] > 0
+        assert len(row["measured_peak_bytes"]) == len(row["predicted_peak_bytes"]) == 2
+        assert all(b > 0 for b in row["measured_peak_bytes"] + row["predicted_peak_bytes"])
+    assert "| 1f1b (all), m = 4 | 5,5 |" in report.render("simulator_1f1b/main", tmp_path)
+    assert "| 1f1b (none), m = 2 | 5,5 |" in report.render("simulator_1f1b/memory", tmp_path)

@@ -46,6 +46,10 @@ def test_profile_measures_every_stage_without_touching_it():
             messages = petra[index].held_bytes - 2 * params[index]
             assert 0 < messages <= sizes[index] + 2 * sizes[index + 1], (index, messages)
             assert delayed[index].held_bytes > petra[index].held_bytes
+    assert [c.parameter_bytes for c in petra] == params
+    # one micro-batch's graph, the stage's output among it: at least the output, and not the parameters
+    for index, cost in enumerate(petra[:-1]):
+        assert sizes[index + 1] <= cost.graph_bytes == delayed[index].graph_bytes, index
 
 
 def brute_force(costs, ranks, memory_limit=None, bandwidth=None):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from petra_hub.engine import Placement, StageCost, simulate
+from petra_hub.engine import Placement, StageCost, simulate, simulate_1f1b
 
 
 def uniform(count=10, forward=1.0, backward=2.0, update=0.0, sent=1000):
@@ -52,8 +52,60 @@ def test_the_engines_own_time_is_spent_by_every_stage_every_tick():
 
 
 def test_simulated_events_draw_as_a_timeline(tmp_path):
-    from petra_hub.plots import plot_timeline
+    from petra_hub.plots import plot_timeline, plot_timelines
 
     result = simulate("petra", uniform(), Placement.from_sizes([5, 5]), micro_batches=12)
     path = plot_timeline(list(result.events), tmp_path / "simulated.png", title="simulated")
     assert path.read_bytes()[:4] == b"\x89PNG"
+    rival = simulate_1f1b(even(), Placement.from_sizes([5, 5]), 4, steps=2)
+    assert len(rival.events) == 2 * (2 * 4 + 1) * 2  # per rank and step: m forwards, m backwards, an update
+    path = plot_timelines({"PETRA": list(result.events), "1F1B": list(rival.events)}, tmp_path / "both.png")
+    assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def even(count=10, forward=1.0, backward=2.0, held=300, params=100, sent=1000, graph=0):
+    """Stages whose last one has a forward of its own too, so that every rank of an even split costs the same."""
+    return [StageCost(forward, backward, 0.0, sent, sent, held, parameter_bytes=params, graph_bytes=graph)
+            for _ in range(count)]
+
+
+def test_1f1b_takes_the_textbook_time_with_its_bubble():
+    # W ranks, m micro-batches, a forward F and a backward B per rank: (m + W - 1)(F + B) per step
+    for ranks, m in ((2, 4), (2, 18), (5, 10)):
+        result = simulate_1f1b(even(), Placement.balanced(10, ranks), m)
+        per_rank = 10 // ranks * 3.0
+        assert result.time_per_micro_batch == pytest.approx((m + ranks - 1) * per_rank / m)
+        assert result.bubble_fraction == pytest.approx((ranks - 1) / (m + ranks - 1), abs=1e-9)
+    checkpointed = simulate_1f1b(even(), Placement.balanced(10, 2), 4, checkpointing="all")
+    assert checkpointed.time_per_micro_batch == pytest.approx(5 * 20.0 / 4)  # the backward runs the forward again
+    but_last = simulate_1f1b(even(), Placement.balanced(10, 2), 4, checkpointing="but_last")
+    assert 15.0 * 5 / 4 < but_last.time_per_micro_batch < 5 * 20.0 / 4
+
+
+def test_1f1b_holds_one_micro_batch_per_rank_still_ahead_of_it():
+    costs = even(sent=50, graph=300)
+    result = simulate_1f1b(costs, Placement.balanced(10, 5), 8)
+    # rank r keeps min(m, W - r) graphs of its 2-stage chunk (2 x 300 B, the 50 B passed inside it held once) plus
+    # its 2 x 100 B of parameters
+    assert result.peak_memory == tuple(200 + (5 - r) * 550 for r in range(5))
+    assert simulate_1f1b(costs, Placement.balanced(10, 5), 2).peak_memory[0] == 200 + 2 * 550
+    # checkpointed: the chunk's input and output (50 B each) per micro-batch, and one graph while it recomputes
+    assert simulate_1f1b(costs, Placement.balanced(10, 5), 8, checkpointing="all").peak_memory[1] == 200 + 4 * 100 + 550
+
+
+def test_petra_holds_its_stages_and_the_graph_its_largest_operation_builds():
+    costs = [StageCost(1.0, 2.0, 0.0, 10, 10, 100, graph_bytes=40 + i) for i in range(10)]
+    assert simulate("petra", costs, Placement.from_sizes([5, 5]), micro_batches=40).peak_memory == (544, 549)
+
+
+def test_1f1b_pays_a_transfer_on_every_hop_of_its_critical_path():
+    free = simulate_1f1b(even(), Placement.balanced(10, 2), 2)
+    slow = simulate_1f1b(even(), Placement.balanced(10, 2), 2, link_bandwidth=1000.0, latency=0.5)
+    assert free.time_per_micro_batch == pytest.approx(3 * 15.0 / 2)
+    # a step's critical path: rank 0's first forward, the hop (0.5 s + 1000 B at 1000 B/s), rank 1's forward and
+    # backward of both micro-batches, the hop back, rank 0's last backward: 5 + 1.5 + 30 + 1.5 + 10
+    assert slow.time_per_micro_batch == pytest.approx(48.0 / 2)
+    kinds = {e.kind for e in slow.events}
+    assert kinds == {"forward", "backward", "update"}
+    with pytest.raises(ValueError, match="checkpointing"):
+        simulate_1f1b(even(), Placement.balanced(10, 2), 2, checkpointing="some")

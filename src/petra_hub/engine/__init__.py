@@ -19,7 +19,7 @@ from .fidelity import StageFidelity
 from .placement import Placement, replica_of
 from .profiling import StageCost, profile_stages
 from .schedule import Schedule
-from .simulation import Simulation, simulate
+from .simulation import Simulation, simulate, simulate_1f1b
 from .worker import StageWorker
 
 __all__ = [
@@ -46,4 +46,5 @@ __all__ = [
     "profile_stages",
     "replica_of",
     "simulate",
+    "simulate_1f1b",
 ]

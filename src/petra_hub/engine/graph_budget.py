@@ -26,7 +26,7 @@ from .randomness import preserved
 from .schedule import Schedule
 from .tensors import Activation, as_tuple
 
-__all__ = ["kept_graphs", "recomputing_stages"]
+__all__ = ["kept_graphs", "recomputing_stages", "stage_inputs"]
 
 
 def recomputing_stages(stages: list[nn.Module], mode: Mode) -> list[int]:
@@ -65,7 +65,7 @@ def kept_graphs(
     if sample_inputs is None:
         raise ValueError("memory_budget needs a sample micro-batch (profile_batch) to measure the graphs on")
     schedule = Schedule(len(stages), mode.pipelined)
-    inputs = _stage_inputs(stages, sample_inputs, max(local))
+    inputs = stage_inputs(stages, sample_inputs, max(local))
     held, extras = 0, []
     with preserved(as_tuple(sample_inputs)[0].device):  # dropout in a measured forward draws nothing for training
         for index in (i for i in local if i in candidates):
@@ -82,7 +82,7 @@ def kept_graphs(
     return kept
 
 
-def _stage_inputs(stages: list[nn.Module], inputs: Activation, last: int) -> list[Activation]:
+def stage_inputs(stages: list[nn.Module], inputs: Activation, last: int) -> list[Activation]:
     """The inputs of stages 0..last on one sample, without touching running statistics or the generators."""
     found = []
     with torch.no_grad(), preserved(as_tuple(inputs)[0].device):

@@ -5,8 +5,9 @@ reversible stage's backward is its fused reconstruction and backward under PETRA
 recomputation and backward), traced, on one sample micro-batch fed again and again with frozen weights (an SGD step
 of learning rate 0, so that updates cost what they cost without moving the weights). After 2J-1 micro-batches (what
 fills a pipelined run) and `warmup` more, it takes the median of `repeats` timings of each stage's forward, backward and
-update, the bytes of its messages from the handshake's shapes, the bytes it held at its peak, and its share of the
-engine's own time per tick (the timed window's wall time minus the time inside the operations).
+update, the bytes of its messages from the handshake's shapes, the bytes it held at its peak, the bytes of one
+micro-batch's graph, and its share of the engine's own time per tick (the timed window's wall time minus the time
+inside the operations).
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .accounting import nbytes
+from .accounting import graph_bytes, nbytes
+from .graph_budget import stage_inputs
 from .messages import message_bytes
 from .modes import Mode
-from .tensors import Activation, as_tuple
+from .tensors import Activation, as_tuple, to_device
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,8 @@ class StageCost:
     backward_bytes: int  # what it sends back to the previous stage (gradient, and its input when that one rebuilds)
     held_bytes: int  # peak bytes held for pending backwards, waiting messages and gradients, plus its parameters
     overhead_s: float = 0.0  # the engine's own time per tick (routing, bookkeeping), an equal share per stage
+    parameter_bytes: int = 0  # its parameters' share of held_bytes
+    graph_bytes: int = 0  # what autograd keeps for one micro-batch's forward, output included: what a backward builds
 
     @property
     def compute_s(self) -> float:
@@ -78,6 +82,7 @@ def profile_stages(
     overhead = max(0.0, window[1] - window[0] - inside) / (ticks * len(copies))
     batch = as_tuple(inputs)[0].shape[0]
     router, memory = pipeline.router, pipeline.memory()
+    stage_samples = stage_inputs(copies, to_device(inputs, pipeline.device), len(copies) - 1)
     costs = []
     for index, stage in enumerate(copies):
         mine = [e for e in events if e.stage == index]
@@ -95,6 +100,8 @@ def profile_stages(
             backward_bytes=message_bytes(router.backward_parts(index - 1), batch) if index else 0,
             held_bytes=memory[index].peak_bytes + nbytes(stage.parameters()),
             overhead_s=overhead,
+            parameter_bytes=nbytes(stage.parameters()),
+            graph_bytes=graph_bytes(stage, stage_samples[index]),
         ))
     return costs
 
