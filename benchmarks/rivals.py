@@ -193,6 +193,8 @@ class Rival:
         except ValueError as error:
             raise NotApplicable(f"{name}(n_microbatches={m}): {error}") from error
         self.chunks, self.m = mine, m
+        self.pipeline_stages = local  # torch's PipelineStage of each local chunk, in `chunks` order
+        self.first_stages = [bounds[c] for c in mine]  # the model stage each local chunk starts with
         self.first, self.last = any(p.first for p in self.parts), any(p.last for p in self.parts)
         self.params = [p for part in self.parts for p in part.parameters()]
         self.optimizer = optimizer_factory(nn.ModuleList(self.parts))

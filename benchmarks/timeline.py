@@ -1,16 +1,22 @@
 """The schedule as it really ran on 2 processes: PETRA against naive model parallelism (the engine's synchronous
-`backprop` and `reversible_backprop`) and torch's `Schedule1F1B` with checkpointing, traced and drawn as per-rank
-timelines.
+`backprop` and `reversible_backprop`) and every torch.distributed.pipelining schedule of the throughput benchmark,
+checkpointed, traced and drawn as per-rank timelines.
 
-    python benchmarks/timeline.py            # docs/images/timeline-*.png + benchmarks/results/timeline.json (1 min)
-                                             # (timeline-comparison.png: PETRA, naive MP, 1F1B on one time scale)
+    python benchmarks/timeline.py            # docs/images/timeline-*.png + benchmarks/results/timeline.json (2 min)
+                                             # (timeline-comparison.png: PETRA, naive MP, 1F1B on one time scale;
+                                             # timeline-torch.png: torch's schedules on one time scale)
     python benchmarks/timeline.py --quick    # tiny model: timeline-quick.json and PNGs in a temporary folder
 
 Each method trains its own copy of the same RevNet18 (recipe width, micro-batch 32) for a few micro-batches after
 a warm-up; every forward, backward, update and exchange is recorded (`Pipeline(trace=True)`) and the window is
-drawn, one row per stage (`petra_hub.plots.plot_timeline`). The Chrome traces (open in ui.perfetto.dev) are
-written next to the JSON. The JSON holds, per method, the busy fraction of each rank over the window: the time
-inside forwards, backwards and updates over the window's length.
+drawn, one row per stage (`petra_hub.plots.plot_timeline`). Every method runs on the partition the throughput
+benchmark uses: `Placement.auto`'s split of the stages' costs, profiled on rank 0 and broadcast (2W chunks for the
+interleaved and V-shaped schedules, as `rivals.chunk_layout` places them). torch's schedules run through
+`rivals.Rival`, checkpointed as the throughput benchmark checkpoints them, with one step of the traced micro-batches
+after a warm-up step; their chunks' forwards and backwards (and the weight halves of the zero-bubble schedules' split
+backwards) are recorded by wrapping the `PipelineStage` methods, their sends and receives are not (they show as
+gaps). The Chrome traces (open in ui.perfetto.dev) are written next to the JSON. The JSON holds, per method, the busy
+fraction of each rank over the window: the time inside forwards, backwards and updates over the window's length.
 """
 
 from __future__ import annotations
@@ -30,17 +36,20 @@ from _launch import SINGLE_THREAD_ENV, STABLE_MALLOC_ENV, launch  # noqa: E402 (
 os.environ.update(SINGLE_THREAD_ENV)
 
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 from common import add_out_argument, build_model, cross_entropy, feed, make_pipeline, progress  # noqa: E402
 from common import random_batches, results_path, revnet_config, sgd, write_results  # noqa: E402
-from petra_hub.engine import Placement  # noqa: E402
+from rivals import SCHEDULES, NotApplicable, Rival, chunk_layout, contiguous_split  # noqa: E402
+from petra_hub.engine import profile_stages  # noqa: E402
 from petra_hub.engine.trace import EXCHANGE, Trace, events_as_dicts, gather_events, write_chrome_trace  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH, RECIPE_WIDTH  # noqa: E402
 
-METHODS = {"petra": "PETRA", "reversible_backprop": "naive model parallelism, reversible backprop",
-           "backprop": "naive model parallelism, backprop",
-           "1f1b": "torch Schedule1F1B, checkpointed (one PipelineStage per rank)"}
-ENGINE_METHODS = ("petra", "reversible_backprop", "backprop")  # the rest are torch's schedules
+ENGINE_METHODS = {"petra": "PETRA", "reversible_backprop": "naive model parallelism, reversible backprop",
+                  "backprop": "naive model parallelism, backprop"}
+TORCH_METHODS = {name: f"torch {cls}, checkpointed" for name, (cls, *_) in SCHEDULES.items()
+                 if name != "1f1b_but_last"}  # fmt: skip
+METHODS = ENGINE_METHODS | TORCH_METHODS
 IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images"
 
 
@@ -60,58 +69,58 @@ def parse_args(argv=None) -> argparse.Namespace:
 def job(rank, world_size, settings):
     torch.manual_seed(0)
     batches = random_batches(4, settings.batch, 32)
+
+    def revnet18_stages():
+        return build_model(revnet_config("revnet18", width=settings.width, num_labels=10)).get_stages()
+
+    # the throughput benchmark's split: the stages' costs under PETRA, measured once and shared
+    costs = [[c.compute_s for c in profile_stages(revnet18_stages(), batches[0], cross_entropy)] if rank == 0 else None]
+    dist.broadcast_object_list(costs, src=0)
+    partition = contiguous_split(costs[0], world_size)
     traced = {}
     for mode in ENGINE_METHODS:
-        model = build_model(revnet_config("revnet18", width=settings.width, num_labels=10))
-        pipeline = make_pipeline(model.get_stages(), mode, lr=0.01, timeout=600, trace=True)
+        pipeline = make_pipeline(revnet18_stages(), mode, lr=0.01, timeout=600, trace=True, partition=partition)
         feed(pipeline, batches, 2 * pipeline.num_stages)  # warm-up: fill, and leave PETRA in steady state
         pipeline.trace.events.clear()
         feed(pipeline, batches, settings.micro_batches)
         events = pipeline.trace_events()
         pipeline.drain()
         traced[mode] = events_as_dicts(events)
-    traced["1f1b"] = one_f_one_b(rank, world_size, settings, batches)
-    return traced
+    layout = chunk_layout(costs[0], partition, world_size)
+    for name in TORCH_METHODS:
+        traced[name] = torch_schedule(name, rank, world_size, settings, batches, revnet18_stages(), layout)
+    return traced, partition
 
 
-def one_f_one_b(rank, world_size, settings, batches) -> list[dict]:
-    """torch.distributed.pipelining's `Schedule1F1B` over the same stages, split as the engine splits them, each
-    rank's group one checkpointed `PipelineStage` (throughput.py's `Part`, what PETRA is compared with at equal
-    activation memory). Traced by wrapping the stage's per-micro-batch forward and backward; its sends and
-    receives are not recorded (they show as gaps)."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-
-    from throughput import Part
-
-    stages = build_model(revnet_config("revnet18", width=settings.width, num_labels=10)).get_stages()
-    local = Placement.balanced(len(stages), world_size).groups[rank]
-    part = Part(stages[local.start : local.stop], first=rank == 0, last=rank == world_size - 1)
-    part.train()
-    optimizer = sgd(part, 0.01)
-    stage = PipelineStage(part, rank, world_size, torch.device("cpu"))
-    count = settings.micro_batches
-    schedule = Schedule1F1B(stage, n_microbatches=count, loss_fn=cross_entropy)
+def torch_schedule(name, rank, world_size, settings, batches, stages, layout) -> list[dict] | str:
+    """torch.distributed.pipelining's schedule `name` (`rivals.SCHEDULES`) over the stages, checkpointed, one step of
+    `settings.micro_batches` micro-batches traced after a warm-up step; or why torch refuses that setting. Traced by
+    wrapping each local `PipelineStage`'s per-micro-batch forward and backward (and weight backward)."""
+    try:
+        rival = Rival(name, SCHEDULES[name][3], settings.micro_batches, stages, layout, rank, world_size,
+                      cross_entropy, lambda module: sgd(module, 0.01))
+    except NotApplicable as reason:
+        return str(reason)
     trace = Trace(rank)
-    for method, kind in (("forward_one_chunk", "forward"), ("backward_one_chunk", "backward")):
-        def recorded(chunk, *args, _run=getattr(stage, method), _kind=kind, **kwargs):
-            with trace.record(_kind, local.start, chunk):
-                return _run(chunk, *args, **kwargs)
+    methods = (("forward_one_chunk", "forward"), ("backward_one_chunk", "backward"),
+               ("backward_weight_one_chunk", "backward (weights)"))
+    for stage, first in zip(rival.pipeline_stages, rival.first_stages):
+        for method, kind in methods:
+            def recorded(chunk, *args, _run=getattr(stage, method), _kind=kind, _first=first, **kwargs):
+                with trace.record(_kind, _first, chunk):
+                    return _run(chunk, *args, **kwargs)
 
-        setattr(stage, method, recorded)
+            setattr(stage, method, recorded)
 
-    def step():
-        chosen = [batches[i % len(batches)] for i in range(count)]
-        if rank == 0:
-            schedule.step(*[torch.cat([images for images, _ in chosen])])
-        else:
-            schedule.step(target=torch.cat([labels for _, labels in chosen]), losses=[])
-        with trace.record("update", local.start):
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+    def step(first_micro_batch):
+        rival.step(batches, first_micro_batch, update=False)
+        with trace.record("update", rival.first_stages[0]):
+            rival.optimizer.step()
+            rival.optimizer.zero_grad(set_to_none=True)
 
-    step()  # warm-up (shape inference)
+    step(0)  # warm-up (shape inference)
     trace.events.clear()
-    step()
+    step(rival.m)
     return events_as_dicts(gather_events(trace, True))
 
 
@@ -131,14 +140,20 @@ def main(argv=None) -> dict:
     settings = parse_args(argv)
     progress(f"2 processes, RevNet18 width {settings.width}, micro-batch {settings.batch}, "
              f"{settings.micro_batches} traced micro-batches per method")
-    traced = launch(job, 2, settings, env=STABLE_MALLOC_ENV)[0]
+    traced, partition = launch(job, 2, settings, env=STABLE_MALLOC_ENV)[0]
     images = settings.images or (Path(tempfile.mkdtemp(prefix="petra-timeline-")) if settings.quick else IMAGES)
     out = results_path(settings.out, "timeline", settings.quick)
-    summary, panels = {}, {}
+    summary, panels, torch_panels = {}, {}, {}
     for mode, title in METHODS.items():
+        if isinstance(traced[mode], str):  # torch refused the setting
+            summary[mode] = {"not_applicable": traced[mode]}
+            progress(f"{mode}: not applicable: {traced[mode]}")
+            continue
         events = [Event(**e) for e in traced[mode]]
-        if mode != "reversible_backprop":
+        if mode in ("petra", "backprop", "1f1b"):
             panels[title] = events
+        if mode in TORCH_METHODS:
+            torch_panels[title] = events
         png = plot_timeline(events, images / f"timeline-{mode}.png",
                             title=f"{title}: {settings.micro_batches} micro-batches on 2 processes")
         traces = images if settings.quick else out.parent  # quick runs leave nothing in benchmarks/results
@@ -147,7 +162,9 @@ def main(argv=None) -> dict:
         summary[mode] = {"busy_fraction": busy, "png": str(png), "chrome_trace": str(chrome)}
         progress(f"{mode}: busy fraction per rank {', '.join(f'{b:.2f}' for b in busy.values())}; {png}")
     comparison = plot_timelines(panels, images / "timeline-comparison.png")
-    progress(f"side by side: {comparison}")
+    schedules = plot_timelines(torch_panels, images / "timeline-torch.png")
+    progress(f"side by side: {comparison}, {schedules}")
+    settings.partition = partition
     return write_results(out, "timeline", "timeline.py", argv,
                          {k: str(v) for k, v in vars(settings).items()}, summary=summary)
 

@@ -25,7 +25,8 @@ EXCHANGE = -1  # the `stage` of a rank's exchange with its neighbours
 
 @dataclass(frozen=True)
 class Event:
-    kind: str  # "forward", "backward", "forward+backward", "update" or "exchange"
+    kind: str  # "forward", "backward", "forward+backward", "update" or "exchange" ("backward (weights)": the
+    # weight half of a split backward, as torch's zero-bubble schedules run it; the engine never splits one)
     rank: int
     stage: int  # EXCHANGE for an exchange
     micro_batch: int | None  # None for updates and exchanges

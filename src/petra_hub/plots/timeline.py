@@ -7,8 +7,8 @@ from pathlib import Path
 from ..engine.trace import EXCHANGE, Event
 from .figures import pyplot, save
 
-COLOURS = {"forward": "#4c72b0", "backward": "#dd8452", "forward+backward": "#8172b3", "update": "#55a868",
-           "exchange": "#c0c0c0"}
+COLOURS = {"forward": "#4c72b0", "backward": "#dd8452", "forward+backward": "#8172b3",
+           "backward (weights)": "#c44e52", "update": "#55a868", "exchange": "#c0c0c0"}
 
 
 def plot_timeline(events: list[Event], path: str | Path, title: str = "PETRA schedule as it ran") -> Path:
