@@ -4,7 +4,8 @@ checkpointed, traced and drawn as per-rank timelines.
 
     python benchmarks/timeline.py            # docs/images/timeline-*.png + benchmarks/results/timeline.json (2 min)
                                              # (timeline-comparison.png: PETRA, naive MP, 1F1B on one time scale;
-                                             # timeline-torch.png: torch's schedules on one time scale)
+                                             # timeline-torch.png: torch's schedules on one time scale;
+                                             # timeline-simulated.png: PETRA and 1F1B beside their simulation)
     python benchmarks/timeline.py --quick    # tiny model: timeline-quick.json and PNGs in a temporary folder
 
 Each method trains its own copy of the same RevNet18 (recipe width, micro-batch 32) for a few micro-batches after
@@ -41,7 +42,7 @@ import torch.distributed as dist  # noqa: E402
 from common import add_out_argument, build_model, cross_entropy, feed, make_pipeline, progress  # noqa: E402
 from common import random_batches, results_path, revnet_config, sgd, write_results  # noqa: E402
 from rivals import SCHEDULES, NotApplicable, Rival, chunk_layout, contiguous_split  # noqa: E402
-from petra_hub.engine import profile_stages  # noqa: E402
+from petra_hub.engine import Placement, profile_stages, simulate, simulate_1f1b  # noqa: E402
 from petra_hub.engine.trace import EXCHANGE, Trace, events_as_dicts, gather_events, write_chrome_trace  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH, RECIPE_WIDTH  # noqa: E402
 
@@ -73,9 +74,12 @@ def job(rank, world_size, settings):
     def revnet18_stages():
         return build_model(revnet_config("revnet18", width=settings.width, num_labels=10)).get_stages()
 
-    # the throughput benchmark's split: the stages' costs under PETRA, measured once and shared
-    costs = [[c.compute_s for c in profile_stages(revnet18_stages(), batches[0], cross_entropy)] if rank == 0 else None]
-    dist.broadcast_object_list(costs, src=0)
+    # the stages' costs under PETRA (the throughput benchmark's split) and plain backprop (the 1F1B simulation),
+    # measured once and shared
+    profiled = [{mode: profile_stages(revnet18_stages(), batches[0], cross_entropy, mode=mode)
+                 for mode in ("petra", "backprop")} if rank == 0 else None]  # fmt: skip
+    dist.broadcast_object_list(profiled, src=0)
+    costs = [[c.compute_s for c in profiled[0]["petra"]]]
     partition = contiguous_split(costs[0], world_size)
     traced = {}
     for mode in ENGINE_METHODS:
@@ -89,7 +93,30 @@ def job(rank, world_size, settings):
     layout = chunk_layout(costs[0], partition, world_size)
     for name in TORCH_METHODS:
         traced[name] = torch_schedule(name, rank, world_size, settings, batches, revnet18_stages(), layout)
-    return traced, partition
+    return traced, partition, profiled[0]
+
+
+def simulated_beside_measured(traced, costs, partition, micro_batches) -> dict[str, list]:
+    """PETRA and checkpointed 1F1B as measured, each beside `simulate` / `simulate_1f1b` from the profiled costs
+    (free transfers), over windows like the measured ones: m ticks of PETRA's steady state, 1F1B's second step."""
+    from petra_hub.engine.trace import Event
+
+    placement = Placement.from_sizes(partition)
+    petra = simulate("petra", costs["petra"], placement, micro_batches=4 * len(costs["petra"]) + micro_batches)
+    first = 2 * len(costs["petra"])  # a micro-batch of the steady state: the window is its tick and the next m - 1
+
+    def entered(micro_batch):
+        return min(e.start for e in petra.events if e.micro_batch == micro_batch and e.kind == "forward")
+
+    start, end = entered(first), entered(first + micro_batches)
+    rival = simulate_1f1b(costs["backprop"], placement, micro_batches, "all", steps=2)
+    second = min(e.start for e in rival.events if e.micro_batch == micro_batches)
+    return {
+        "PETRA, measured": [Event(**e) for e in traced["petra"]],
+        "PETRA, simulated": [e for e in petra.events if start <= e.start < end],
+        "torch Schedule1F1B, checkpointed, measured": [Event(**e) for e in traced["1f1b"]],
+        "Schedule1F1B, checkpointed, simulated (simulate_1f1b)": [e for e in rival.events if e.start >= second],
+    }
 
 
 def torch_schedule(name, rank, world_size, settings, batches, stages, layout) -> list[dict] | str:
@@ -140,7 +167,7 @@ def main(argv=None) -> dict:
     settings = parse_args(argv)
     progress(f"2 processes, RevNet18 width {settings.width}, micro-batch {settings.batch}, "
              f"{settings.micro_batches} traced micro-batches per method")
-    traced, partition = launch(job, 2, settings, env=STABLE_MALLOC_ENV)[0]
+    traced, partition, costs = launch(job, 2, settings, env=STABLE_MALLOC_ENV)[0]
     images = settings.images or (Path(tempfile.mkdtemp(prefix="petra-timeline-")) if settings.quick else IMAGES)
     out = results_path(settings.out, "timeline", settings.quick)
     summary, panels, torch_panels = {}, {}, {}
@@ -163,7 +190,9 @@ def main(argv=None) -> dict:
         progress(f"{mode}: busy fraction per rank {', '.join(f'{b:.2f}' for b in busy.values())}; {png}")
     comparison = plot_timelines(panels, images / "timeline-comparison.png")
     schedules = plot_timelines(torch_panels, images / "timeline-torch.png")
-    progress(f"side by side: {comparison}, {schedules}")
+    simulated = plot_timelines(simulated_beside_measured(traced, costs, partition, settings.micro_batches),
+                               images / "timeline-simulated.png")
+    progress(f"side by side: {comparison}, {schedules}, {simulated}")
     settings.partition = partition
     return write_results(out, "timeline", "timeline.py", argv,
                          {k: str(v) for k, v in vars(settings).items()}, summary=summary)

@@ -26,7 +26,7 @@ def test_quick_timelines(tmp_path):
     # the zero-bubble schedules split each backward into its input and weight halves; 1F1B does not
     assert "backward (weights)" in kinds["zbv_zero_bubble"] and "backward (weights)" not in kinds["1f1b"]
     assert {"forward", "backward", "update"} <= kinds["interleaved_1f1b"]
-    for picture in ("timeline-comparison.png", "timeline-torch.png"):
+    for picture in ("timeline-comparison.png", "timeline-torch.png", "timeline-simulated.png"):
         assert (tmp_path / picture).read_bytes()[:4] == b"\x89PNG"
     # PETRA keeps rank 0 busier than naive model parallelism does (its stages never wait for a full round trip)
     petra, naive = (result["summary"][m]["busy_fraction"]["0"] for m in ("petra", "backprop"))
