@@ -20,8 +20,8 @@ device count, without checkpointing, checkpointed, and checkpointed on every chu
 micro-batches per step (4W: GPipe's rule for a negligible bubble), each on the `Placement.auto` split of its own
 costs. PETRA is predicted in two settings: one engine stage per model stage (J), and, on fewer devices than stages,
 one engine stage per device (each device's group of `Placement.auto` merged, profiled as merged), which holds less.
-Peak memory per device: PETRA's stages' measured `held_bytes`; 1F1B's parameters plus the micro-batches in flight
-(`simulate_1f1b`).
+Peak memory per device (`Simulation.peak_memory`): PETRA's stages' measured `held_bytes` plus the graph the largest
+operation builds; 1F1B's parameters, the micro-batches in flight and, checkpointed, the recomputation's graph.
 """
 
 from __future__ import annotations

@@ -513,6 +513,15 @@ def throughput_equal_memory(r, arg=None):
     return table(header, rows, "llrrrlrrr")
 
 
+def fastest(candidates: list[tuple], seconds: float, peak_column: bool = True) -> list[str]:
+    """Table cells for the fastest of `candidates` = [(label, peak bytes, seconds, checkpointed), ...]: its label,
+    peak (unless not `peak_column`), time and how much slower it is than `seconds` (PETRA's); "none" if empty."""
+    if not candidates:
+        return ["none"] + ["-"] * (3 if peak_column else 2)
+    label, peak, theirs, _ = min(candidates, key=lambda rival: rival[2])
+    return [label, *([mib(peak)] if peak_column else []), ms(theirs), f"**{theirs / seconds:.2f}x**"]
+
+
 def throughput_petra_settings(r, arg=None):
     """Every PETRA setting against the fastest rival within its memory, the fastest checkpointed one and the
     fastest at any memory ("PETRA faster by" = their time / PETRA's, medians)."""
@@ -524,12 +533,6 @@ def throughput_petra_settings(r, arg=None):
               for mode in ("reversible_backprop", "backprop")]  # fmt: skip
     rivals += [(f"`{x['torch_class']}`, {CHECKPOINTING[x['checkpointing']]}, m = {x['m']}", rival_peak(r, x),
                 need(f["med"], x["key"]), x["checkpointed"]) for x in records if x["status"] == "measured"]
-
-    def fastest(candidates, seconds, peak_column=True):
-        if not candidates:
-            return ["none"] + ["-"] * (3 if peak_column else 2)
-        label, peak, theirs, _ = min(candidates, key=lambda rival: rival[2])
-        return [label, *([mib(peak)] if peak_column else []), ms(theirs), f"**{theirs / seconds:.2f}x**"]
 
     settings = {"petra": "PETRA, one engine stage per model stage, steady state"}
     settings |= {name: grouping_label(grouping) for name, grouping in petra_groupings(r).items()}
@@ -693,7 +696,8 @@ def simulator_main(r, arg=None):
 def simulator_memory(r, arg=None):
     """The allocation peak per rank measured in each run against the simulated one (both without the parameters)."""
     rows = [[f"{row['mode']}, m = {row['m']}" if "m" in row else row["mode"], split_label(row),
-             " / ".join(mib(b) for b in row["measured_peak_bytes"]), " / ".join(mib(b) for b in row["predicted_peak_bytes"]),
+             " / ".join(mib(b) for b in row["measured_peak_bytes"]),
+             " / ".join(mib(b) for b in row["predicted_peak_bytes"]),
              " / ".join(f"{p / m:.2f}" for p, m in zip(row["predicted_peak_bytes"], row["measured_peak_bytes"]))]
             for row in need(r, "rows") if "measured_peak_bytes" in row]  # fmt: skip
     if not rows:
@@ -736,16 +740,10 @@ def predict_rivals(r, arg=None):
                 coarse = row["petra_per_device"]
                 settings.append(("one engine stage per device", coarse["time_s"], coarse["peak_bytes"]))
             for label, seconds, peak in settings:
-                def fastest(candidates, with_peak=True):
-                    if not candidates:
-                        return ["none"] + ["-"] * (3 if with_peak else 2)
-                    name, their_peak, theirs, _ = min(candidates, key=lambda x: x[2])
-                    return [name, *([mib(their_peak)] if with_peak else []), ms(theirs), f"**{theirs / seconds:.2f}x**"]
-
                 rows.append([preset.replace("revnet", "RevNet"), row["devices"], label, ms(seconds), mib(peak),
-                             *fastest([x for x in rivals if x[1] <= EQUAL_MEMORY * peak]),
-                             *fastest([x for x in rivals if x[3]], False),
-                             *fastest(rivals)])  # fmt: skip
+                             *fastest([x for x in rivals if x[1] <= EQUAL_MEMORY * peak], seconds),
+                             *fastest([x for x in rivals if x[3]], seconds, peak_column=False),
+                             *fastest(rivals, seconds)])  # fmt: skip
     header = ["model", "devices", "PETRA setting (predicted)", "ms / micro-batch", "peak MiB per device",
               "fastest 1F1B within PETRA's memory (+2%)", "its peak", "ms", "PETRA faster by",
               "fastest checkpointed 1F1B", "ms", "PETRA faster by", "fastest 1F1B", "its peak", "ms",
