@@ -2,12 +2,12 @@
 """PREDICTIONS, not measurements: PETRA against naive model parallelism on more devices than this machine has.
 
     python benchmarks/predict.py            # RevNet18/34/50 at the paper's widths, CIFAR 32x32, micro-batch 64
-                                            # (~15 min): benchmarks/results/predict.json
+                                            # (~2 h): benchmarks/results/predict.json
     python benchmarks/predict.py --quick    # RevNet18 at recipe widths, micro-batch 8: predict-quick.json
 
-The stages are measured here, on one CPU core, under PETRA and under the synchronous reversible backprop
-(`profile_stages`: the same operations, forward and the fused reconstruction and backward, but not the same engine
-overhead per tick). `simulate` then replays PETRA and the synchronous model-parallel reversible backprop
+The stages are measured here, on one CPU core (3 rounds of every profile, interleaved, each stage's times the median
+of the rounds), under PETRA and under the synchronous reversible backprop (`profile_stages`: the same operations,
+forward and the fused reconstruction and backward, but not the same engine overhead per tick). `simulate` then replays PETRA and the synchronous model-parallel reversible backprop
 (the paper's Table 5 baseline, the same operations one micro-batch at a time) on 2 devices up to one stage per
 device (J = 10 for RevNet18, 18 for RevNet34/50), each device running the contiguous group `Placement.auto` gives
 it, over three links: PCIe 4.0 x16 (25 GB/s, 10 us), NVLink (300 GB/s, 5 us), and this machine's loopback as the
@@ -18,8 +18,10 @@ Against the strongest synchronous rival at equal memory: the stages are also pro
 mode (forward, and backward through the kept graph), and `simulate_1f1b` replays torch's `Schedule1F1B` on each
 device count, without checkpointing, checkpointed, and checkpointed on every chunk but the last, at m = W, 2W and 4W
 micro-batches per step (4W: GPipe's rule for a negligible bubble), each on the `Placement.auto` split of its own
-costs. PETRA is predicted in two settings: one engine stage per model stage (J), and, on fewer devices than stages,
-one engine stage per device (each device's group of `Placement.auto` merged, profiled as merged), which holds less.
+costs. PETRA is predicted in three settings: one engine stage per model stage (J); on fewer devices than stages,
+one engine stage per device (each device's group of `Placement.auto` merged, profiled as merged), which holds less;
+and one engine stage per device keeping every graph it can (`keep_graphs`: each group that is not reversible and
+not last keeps its forward's graph instead of recomputing it), which spends memory on speed.
 Peak memory per device (`Simulation.peak_memory`): PETRA's stages' measured `held_bytes` plus the graph the largest
 operation builds; 1F1B's parameters, the micro-batches in flight and, checkpointed, the recomputation's graph.
 """
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -45,7 +48,8 @@ import torch  # noqa: E402
 
 from common import RESULTS, add_out_argument, build_model, cross_entropy, progress, random_batches  # noqa: E402
 from common import results_path, revnet_config, write_results  # noqa: E402
-from petra_hub.engine import Placement, merge_stages, profile_stages, simulate, simulate_1f1b  # noqa: E402
+from petra_hub.engine import Mode, Placement, merge_stages, profile_stages, simulate, simulate_1f1b  # noqa: E402
+from petra_hub.engine.graph_budget import recomputing_stages  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH  # noqa: E402
 
 DEVICES = {10: (2, 4, 5, 10), 18: (2, 6, 9, 18)}  # by number of stages J: 2 devices up to one stage each
@@ -63,24 +67,45 @@ def links() -> dict[str, tuple[float, float]]:
     return chosen
 
 
-def predict_model(preset: str, quick: bool) -> dict:
+TIMES = ("forward_s", "backward_s", "update_s", "overhead_s")  # the StageCost fields a profile times
+
+
+def median_profiles(jobs: dict, sample, rounds: int) -> dict:
+    """{key: (stages, profile_stages options)} profiled `rounds` times, interleaved (every key once a round, so that
+    the machine's drift spreads over all of them), each stage's times the median of the rounds."""
+    runs = {key: [] for key in jobs}
+    for _ in range(rounds):
+        for key, (stages, options) in jobs.items():
+            runs[key].append(profile_stages(stages, sample, cross_entropy, repeats=3, warmup=1, **options))
+    return {key: [replace(cost, **{f: statistics.median(getattr(run[i], f) for run in profiled) for f in TIMES})
+                  for i, cost in enumerate(profiled[0])]
+            for key, profiled in runs.items()}  # fmt: skip
+
+
+def predict_model(preset: str, quick: bool, rounds: int) -> dict:
     """Profile `preset` here and simulate it on every device count of its J and every link."""
     batch = 8 if quick else 64
     config = revnet_config(preset, width=QUICK_WIDTH if quick else None, stem="cifar", num_labels=10)
     stages = build_model(config).get_stages()
     progress(f"profiling {preset} ({'recipe' if quick else 'paper'} widths, {len(stages)} stages), CIFAR 32x32, "
-             f"micro-batch {batch}, one thread")
+             f"micro-batch {batch}, one thread, {rounds} rounds")
     sample = random_batches(1, batch, 32)[0]
-    costs = profile_stages(stages, sample, cross_entropy, repeats=3, warmup=1)
-    naive_costs = profile_stages(stages, sample, cross_entropy, mode="reversible_backprop", repeats=3, warmup=1)
-    plain_costs = profile_stages(stages, sample, cross_entropy, mode="backprop", repeats=3, warmup=1)
-    merged = {}  # group sizes -> costs of the stages merged into one engine stage per device
+    base = median_profiles({mode: (stages, {"mode": mode}) for mode in ("petra", "reversible_backprop", "backprop")},
+                           sample, rounds)
+    costs, naive_costs, plain_costs = base["petra"], base["reversible_backprop"], base["backprop"]
+    splits = {tuple(map(len, Placement.auto(costs, devices, link_bandwidth=bandwidth, latency=2 * latency).groups))
+              for bandwidth, latency in links().values() for devices in DEVICES[len(stages)]}  # fmt: skip
+    jobs = {}  # one engine stage per device, recomputing and keeping every graph it can
+    for sizes in splits:
+        grouped = merge_stages(build_model(config).get_stages(), list(sizes))
+        jobs[sizes, False] = (grouped, {})
+        jobs[sizes, True] = (grouped, {"keep_graphs": recomputing_stages(grouped, Mode.PETRA)})
+    progress(f"profiling {preset} as one engine stage per device: {sorted(splits)}")
+    merged = median_profiles(jobs, sample, rounds)
 
-    def one_stage_per_device(sizes: list[int], bandwidth: float, latency: float):
-        if tuple(sizes) not in merged:
-            merged[tuple(sizes)] = profile_stages(merge_stages(build_model(config).get_stages(), sizes), sample,
-                                                  cross_entropy, repeats=3, warmup=1)
-        return simulate("petra", merged[tuple(sizes)], Placement.from_sizes([1] * len(sizes)), bandwidth, latency)
+    def one_stage_per_device(sizes: list[int], bandwidth: float, latency: float, keep: bool = False):
+        return simulate("petra", merged[tuple(sizes), keep], Placement.from_sizes([1] * len(sizes)), bandwidth,
+                        latency)
 
     ideal = sum(c.compute_s for c in costs) / max(c.compute_s for c in costs)
     rows = []
@@ -92,12 +117,15 @@ def predict_model(preset: str, quick: bool) -> dict:
             cap = sum(c.compute_s for c in costs) / max(sum(costs[i].compute_s for i in g) for g in placement.groups)
             sizes = [len(g) for g in placement.groups]
             coarse = one_stage_per_device(sizes, bandwidth, latency) if devices < len(stages) else None
+            kept = one_stage_per_device(sizes, bandwidth, latency, keep=True)
             rows.append({"link": name, "devices": devices, "partition": sizes,
                          "petra_s": petra.time_per_micro_batch, "naive_s": naive.time_per_micro_batch,
                          "speedup": naive.time_per_micro_batch / petra.time_per_micro_batch, "partition_cap": cap,
                          "petra_utilisation": list(petra.utilisation), "petra_peak_bytes": max(petra.peak_memory),
                          "petra_per_device": None if coarse is None else {
                              "time_s": coarse.time_per_micro_batch, "peak_bytes": max(coarse.peak_memory)},
+                         "petra_per_device_kept": {"time_s": kept.time_per_micro_batch,
+                                                   "peak_bytes": max(kept.peak_memory)},
                          "rivals": rivals(plain_costs, devices, bandwidth, latency)})
             progress(f"{preset} {name:32s} {devices:2d} devices {rows[-1]['partition']}: PETRA "
                      f"{1e3 * petra.time_per_micro_batch:.0f} ms, naive {1e3 * naive.time_per_micro_batch:.0f} ms, "
@@ -137,12 +165,17 @@ def main(argv=None) -> dict:
     parser.add_argument("--quick", action="store_true", help="recipe widths, micro-batch 8 (RevNet18 unless --models)")
     parser.add_argument("--models", nargs="+", choices=MODELS, default=None,
                         help="presets to predict (default: all three; RevNet18 with --quick)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="profiles of every setting, interleaved, medians taken (default 3; quick: 1)")
     add_out_argument(parser, "predict")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     presets = args.models or (["revnet18"] if args.quick else list(MODELS))
-    models = {preset: predict_model(preset, args.quick) for preset in presets}
-    settings = {"models": presets, "image_size": 32, "quick": args.quick, "threads": 1}
+    rounds = args.rounds or (1 if args.quick else 3)
+    if rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {rounds}")
+    models = {preset: predict_model(preset, args.quick, rounds) for preset in presets}
+    settings = {"models": presets, "image_size": 32, "quick": args.quick, "threads": 1, "rounds": rounds}
     return write_results(results_path(args.out, "predict", args.quick), "predict", "predict.py", argv, settings,
                          prediction=True, models=models, paper_table5=PAPER_TABLE5)
 

@@ -739,6 +739,9 @@ def predict_rivals(r, arg=None):
             if row.get("petra_per_device"):
                 coarse = row["petra_per_device"]
                 settings.append(("one engine stage per device", coarse["time_s"], coarse["peak_bytes"]))
+            if row.get("petra_per_device_kept"):
+                kept = row["petra_per_device_kept"]
+                settings.append(("one engine stage per device, every graph kept", kept["time_s"], kept["peak_bytes"]))
             for label, seconds, peak in settings:
                 rows.append([preset.replace("revnet", "RevNet"), row["devices"], label, ms(seconds), mib(peak),
                              *fastest([x for x in rivals if x[1] <= EQUAL_MEMORY * peak], seconds),

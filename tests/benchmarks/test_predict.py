@@ -30,5 +30,8 @@ def test_quick_predictions(tmp_path, report):
         assert by["none", 4 * ranks]["peak_bytes"] == by["none", ranks]["peak_bytes"]
         assert by["all", ranks]["time_s"] > by["none", ranks]["time_s"]
         assert (row["petra_per_device"] is None) == (ranks == 10)
+        kept = row["petra_per_device_kept"]  # graphs kept instead of recomputed: more memory, less time
+        assert kept["peak_bytes"] > (row["petra_per_device"] or {"peak_bytes": row["petra_peak_bytes"]})["peak_bytes"]
     table = report.render("predict/rivals", tmp_path)
-    assert table.count("| RevNet18 |") == 4 + 3  # J = 10 on 2, 4, 5, 10 devices; one stage per device on 2, 4, 5
+    # J = 10 on 2, 4, 5, 10 devices; one stage per device on 2, 4, 5; the same keeping graphs on all 4
+    assert table.count("| RevNet18 |") == 4 + 3 + 4
