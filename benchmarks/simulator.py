@@ -152,33 +152,48 @@ def job(rank, world_size, settings):
             pipeline = make_pipeline(stages(groups), mode, lr=0.01, partition=partition, timeout=600)
             peak = pipeline_peak(pipeline, batches)
             feed(pipeline, batches, pipeline.schedule.latency if pipeline.mode.pipelined else 2)
-            windows = []
-            for _ in range(3):
-                dist.barrier()
-                start = time.perf_counter()
-                feed(pipeline, batches, settings.micro_batches)
-                mine = (time.perf_counter() - start) / settings.micro_batches
-                both = [None] * world_size
-                dist.all_gather_object(both, mine)
-                windows.append(max(both))
+            windows = slowest_rank_windows(lambda: feed(pipeline, batches, settings.micro_batches),
+                                           settings.micro_batches, world_size)
             pipeline.drain()
             predicted = simulate(mode, costs, Placement.from_sizes(partition), link_bandwidth=bandwidth,
                                  latency=latency)
-            measured = statistics.median(windows)
-            peaks = [None] * world_size
-            dist.all_gather_object(peaks, peak)
-            rows.append({"mode": mode, "partition": partition, "groups": groups, "measured_s": measured,
-                         "predicted_s": predicted.time_per_micro_batch,
-                         "error": predicted.time_per_micro_batch / measured - 1,
-                         "predicted_utilisation": list(predicted.utilisation), "windows_s": windows,
-                         "measured_peak_bytes": peaks,
-                         "predicted_peak_bytes": without_parameters(predicted, costs, partition)})
+            rows.append(compared(mode, partition, groups, windows, peak, predicted, costs, world_size))
             if rank == 0:
-                progress(f"{mode:20s} {groups or ''} {partition}: measured {1e3 * measured:.1f} ms, predicted "
-                         f"{1e3 * predicted.time_per_micro_batch:.1f} ms ({100 * rows[-1]['error']:+.1f}%)")
+                progress(f"{mode:20s} {groups or ''} {partition}: {summary(rows[-1])}")
     if settings.rival_microbatches:
-        rows += rival_rows(rank, world_size, settings, stages(None), batches, latency, bandwidth)
+        rows += rival_rows(rank, world_size, settings, stages, batches, latency, bandwidth)
     return {"latency_s": latency, "bandwidth_Bps": bandwidth, "rows": rows, "auto_partition": auto}
+
+
+def slowest_rank_windows(work, micro_batches: int, world_size: int, count: int = 3) -> list[float]:
+    """`count` timed windows of `work()` (`micro_batches` micro-batches each), started together on every rank: the
+    slower rank's wall time per micro-batch of each."""
+    windows = []
+    for _ in range(count):
+        dist.barrier()
+        start = time.perf_counter()
+        work()
+        every = [None] * world_size
+        dist.all_gather_object(every, (time.perf_counter() - start) / micro_batches)
+        windows.append(max(every))
+    return windows
+
+
+def compared(mode, partition, groups, windows, peak, predicted, costs, world_size) -> dict:
+    """One results row: the measured windows and this rank's allocation peak (gathered from every rank) beside the
+    simulation."""
+    measured = statistics.median(windows)
+    peaks = [None] * world_size
+    dist.all_gather_object(peaks, peak)
+    return {"mode": mode, "partition": partition, "groups": groups, "measured_s": measured,
+            "predicted_s": predicted.time_per_micro_batch, "error": predicted.time_per_micro_batch / measured - 1,
+            "predicted_utilisation": list(predicted.utilisation), "windows_s": windows,
+            "measured_peak_bytes": peaks, "predicted_peak_bytes": without_parameters(predicted, costs, partition)}
+
+
+def summary(row: dict) -> str:
+    return (f"measured {1e3 * row['measured_s']:.1f} ms, predicted {1e3 * row['predicted_s']:.1f} ms "
+            f"({100 * row['error']:+.1f}%)")
 
 
 def without_parameters(predicted, costs, partition) -> list[int]:
@@ -191,39 +206,26 @@ def without_parameters(predicted, costs, partition) -> list[int]:
 CHECKPOINTING = {"none": None, "all": "torch", "but_last": "torch_but_last"}  # simulate_1f1b's name -> rivals.py's
 
 
-def rival_rows(rank, world_size, settings, model_stages, batches, latency, bandwidth) -> list[dict]:
-    """torch's Schedule1F1B on every partition, checkpointing and m, measured, and predicted by `simulate_1f1b`."""
-    costs = profile_on_every_rank(model_stages, batches[0], "backprop", world_size)
+def rival_rows(rank, world_size, settings, stages, batches, latency, bandwidth) -> list[dict]:
+    """torch's Schedule1F1B on every partition, checkpointing and m, measured, and predicted by `simulate_1f1b`;
+    `stages(None)` builds a fresh copy of the model's stages."""
+    costs = profile_on_every_rank(stages(None), batches[0], "backprop", world_size)
     rows = []
     for _, partition in settings.settings:
         layout = {"1f1b": {"sizes": partition, "ranks": list(range(world_size))}}
         for checkpointing, m in [(c, m) for c in CHECKPOINTING for m in settings.rival_microbatches]:
-            config = revnet_config("revnet18", width=settings.width, num_labels=10)
-            rival = Rival("1f1b", CHECKPOINTING[checkpointing], m, build_model(config).get_stages(), layout, rank,
-                          world_size, cross_entropy, lambda module: torch.optim.SGD(module.parameters(), lr=0.01))
+            rival = Rival("1f1b", CHECKPOINTING[checkpointing], m, stages(None), layout, rank, world_size,
+                          cross_entropy, lambda module: torch.optim.SGD(module.parameters(), lr=0.01))
             peak, _ = measure_fresh(rival, batches)
             steps = max(1, -(-settings.micro_batches // m))  # whole steps, at least the window's micro-batches
             rival.step(batches, 0)
-            windows = []
-            for _ in range(3):
-                dist.barrier()
-                start = time.perf_counter()
-                for step in range(steps):
-                    rival.step(batches, step * m)
-                both = [None] * world_size
-                dist.all_gather_object(both, ((time.perf_counter() - start) / (steps * m), peak))
-                windows.append(max(t for t, _ in both))
+            windows = slowest_rank_windows(lambda: [rival.step(batches, step * m) for step in range(steps)],
+                                           steps * m, world_size)
             predicted = simulate_1f1b(costs, Placement.from_sizes(partition), m, checkpointing, bandwidth, latency)
-            measured = statistics.median(windows)
-            rows.append({"mode": f"1f1b ({checkpointing})", "partition": partition, "groups": None, "m": m,
-                         "measured_s": measured, "predicted_s": predicted.time_per_micro_batch,
-                         "error": predicted.time_per_micro_batch / measured - 1, "windows_s": windows,
-                         "predicted_utilisation": list(predicted.utilisation),
-                         "measured_peak_bytes": [p for _, p in both],
-                         "predicted_peak_bytes": without_parameters(predicted, costs, partition)})
+            rows.append(compared(f"1f1b ({checkpointing})", partition, None, windows, peak, predicted, costs,
+                                 world_size) | {"m": m})
             if rank == 0:
-                progress(f"1F1B {checkpointing:8s} m = {m:2d} {partition}: measured {1e3 * measured:.1f} ms, "
-                         f"predicted {1e3 * predicted.time_per_micro_batch:.1f} ms ({100 * rows[-1]['error']:+.1f}%)")
+                progress(f"1F1B {checkpointing:8s} m = {m:2d} {partition}: {summary(rows[-1])}")
     return rows
 
 

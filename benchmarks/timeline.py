@@ -79,8 +79,8 @@ def job(rank, world_size, settings):
     profiled = [{mode: profile_stages(revnet18_stages(), batches[0], cross_entropy, mode=mode)
                  for mode in ("petra", "backprop")} if rank == 0 else None]  # fmt: skip
     dist.broadcast_object_list(profiled, src=0)
-    costs = [[c.compute_s for c in profiled[0]["petra"]]]
-    partition = contiguous_split(costs[0], world_size)
+    costs = [c.compute_s for c in profiled[0]["petra"]]
+    partition = contiguous_split(costs, world_size)
     traced = {}
     for mode in ENGINE_METHODS:
         pipeline = make_pipeline(revnet18_stages(), mode, lr=0.01, timeout=600, trace=True, partition=partition)
@@ -90,7 +90,7 @@ def job(rank, world_size, settings):
         events = pipeline.trace_events()
         pipeline.drain()
         traced[mode] = events_as_dicts(events)
-    layout = chunk_layout(costs[0], partition, world_size)
+    layout = chunk_layout(costs, partition, world_size)
     for name in TORCH_METHODS:
         traced[name] = torch_schedule(name, rank, world_size, settings, batches, revnet18_stages(), layout)
     return traced, partition, profiled[0]
