@@ -19,7 +19,8 @@ from .fidelity import StageFidelity
 from .placement import Placement, replica_of
 from .profiling import StageCost, profile_stages
 from .schedule import Schedule
-from .simulation import Simulation, simulate, simulate_1f1b
+from .simulation import Simulation, simulate
+from .synchronous import schedule_order, simulate_1f1b, simulate_schedule
 from .worker import StageWorker
 
 __all__ = [
@@ -46,5 +47,7 @@ __all__ = [
     "profile_stages",
     "replica_of",
     "simulate",
+    "schedule_order",
     "simulate_1f1b",
+    "simulate_schedule",
 ]

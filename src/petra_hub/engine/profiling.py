@@ -16,16 +16,18 @@ import copy
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
 from .accounting import graph_bytes, nbytes
+from .batchnorm import frozen_running_stats
 from .graph_budget import stage_inputs
 from .messages import message_bytes
 from .modes import Mode
-from .tensors import Activation, as_tuple, to_device
+from .randomness import preserved
+from .tensors import Activation, as_tuple, detached, to_device
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class StageCost:
     overhead_s: float = 0.0  # the engine's own time per tick (routing, bookkeeping), an equal share per stage
     parameter_bytes: int = 0  # its parameters' share of held_bytes
     graph_bytes: int = 0  # what autograd keeps for one micro-batch's forward, output included: what a backward builds
+    input_backward_s: float | None = None  # under `backprop`: the part of backward_s spent on the input's gradient
 
     @property
     def compute_s(self) -> float:
@@ -103,7 +106,37 @@ def profile_stages(
             parameter_bytes=nbytes(stage.parameters()),
             graph_bytes=graph_bytes(stage, stage_samples[index]),
         ))
+    if Mode.parse(mode) is Mode.BACKPROP:  # what a split backward (torch's zero-bubble schedules) needs
+        costs[0] = replace(costs[0], input_backward_s=0.0)  # the data needs no gradient
+        for index, stage in enumerate(copies[1:], start=1):
+            share = input_gradient_share(stage, stage_samples[index], to_device(targets, pipeline.device), loss_fn,
+                                         index == len(copies) - 1, repeats)
+            costs[index] = replace(costs[index], input_backward_s=share * costs[index].backward_s)
     return costs
+
+
+def input_gradient_share(stage: nn.Module, inputs: Activation, targets, loss_fn: Callable, last: bool,
+                         repeats: int) -> float:
+    """The fraction of a backward through `stage(inputs)` that the gradient of its inputs alone takes (the rest is
+    the gradient of its weights): medians of `repeats` timings of each, graphs built untimed."""
+    leaves = detached(inputs, requires_grad=True)
+    wrt_inputs = [t for t in as_tuple(leaves) if t.requires_grad]
+    params = [p for p in stage.parameters() if p.requires_grad]
+    if not params:
+        return 1.0
+    timings = {"inputs": [], "all": []}
+    with torch.enable_grad(), frozen_running_stats(stage), preserved(wrt_inputs[0].device):
+        for _ in range(repeats + 1):  # the first of each untimed
+            for what, wrt in (("inputs", wrt_inputs), ("all", wrt_inputs + params)):
+                outputs = as_tuple(stage(leaves))
+                if last:
+                    outputs = (loss_fn(outputs[0], targets),)
+                seeds = [torch.ones_like(t) for t in outputs]
+                start = time.perf_counter()
+                torch.autograd.grad(outputs, wrt, seeds, allow_unused=True)
+                timings[what].append(time.perf_counter() - start)
+    share = statistics.median(timings["inputs"][1:]) / statistics.median(timings["all"][1:])
+    return min(1.0, share)
 
 
 def auto_partition(stages: list[nn.Module], loss_fn: Callable, sample_batch, num_ranks: int, mode: Mode | str,

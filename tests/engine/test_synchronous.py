@@ -1,0 +1,94 @@
+"""torch's multi-chunk schedules replayed from costs: their orders taken from torch, their times and memory worked
+out by hand for uniform chunks (the 1F1B cases are in test_simulation.py)."""
+
+from collections import Counter
+
+import pytest
+
+from petra_hub.engine import Placement, StageCost, schedule_order, simulate_schedule
+
+SPLIT = ("ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble", "ScheduleDualPipeV")
+
+
+def uniform(count, forward=1.0, backward=2.0, input_share=0.5, graph=300, sent=50):
+    """Stages of equal cost: a chunk of two holds 2 x 300 B of graph less the 50 B passed inside it."""
+    return [StageCost(forward, backward, 0.0, sent, sent, 300, parameter_bytes=100, graph_bytes=graph,
+                      input_backward_s=None if input_share is None else input_share * backward)
+            for _ in range(count)]  # fmt: skip
+
+
+def chunked(schedule, ranks, m, checkpointing="none", **options):
+    """2W chunks of 2 stages each (W for Schedule1F1B) on `ranks` ranks."""
+    chunks = ranks if schedule == "Schedule1F1B" else 2 * ranks
+    costs = uniform(2 * chunks, **options)
+    return simulate_schedule(schedule, costs, Placement.balanced(len(costs), chunks), ranks, m, checkpointing)
+
+
+@pytest.mark.parametrize("schedule", ["ScheduleInterleaved1F1B", *SPLIT])
+def test_torchs_order_runs_every_forward_and_backward_once(schedule):
+    orders, owners = schedule_order(schedule, 4, 8, 8)
+    assert sorted(Counter(owners).values()) == [2, 2, 2, 2]
+    ops = Counter((op.kind, op.chunk, op.micro_batch) for order in orders for entry in order for op in entry)
+    assert all(count == 1 for count in ops.values())
+    for chunk in range(8):
+        for i in range(8):
+            assert ("F", chunk, i) in ops
+            assert ("B", chunk, i) in ops or {("I", chunk, i), ("W", chunk, i)} <= ops.keys()
+    for rank, order in enumerate(orders):
+        assert all(owners[op.chunk] == rank for entry in order for op in entry)
+    if schedule == "ScheduleZBVZeroBubble":
+        assert owners == [0, 1, 2, 3, 3, 2, 1, 0]  # the V
+    if schedule == "ScheduleDualPipeV":
+        assert any(len(entry) == 2 for order in orders for entry in order)  # a forward overlapped with a backward
+
+
+def test_interleaved_1f1b_takes_the_textbook_time():
+    # v = 2 chunks per rank, each F = 2 and B = 4: (v m + W - 1)(F + B) per step
+    for ranks, m in ((2, 4), (4, 8), (4, 16)):
+        result = chunked("ScheduleInterleaved1F1B", ranks, m)
+        assert result.time_per_micro_batch == pytest.approx((2 * m + ranks - 1) * 6.0 / m)
+        assert result.bubble_fraction == pytest.approx((ranks - 1) / (2 * m + ranks - 1), rel=0.05)
+
+
+def test_zbv_has_no_bubble_when_forward_and_both_backward_halves_cost_the_same():
+    # the zero-bubble V schedule's claim: with F = I = W and m >= 2W the ranks never wait (after the first step)
+    for ranks, m in ((2, 4), (4, 8), (4, 16)):
+        assert chunked("ScheduleZBVZeroBubble", ranks, m).time_per_micro_batch == pytest.approx(12.0)
+    assert chunked("ScheduleZBVZeroBubble", 4, 4).time_per_micro_batch > 12.0  # too few micro-batches to fill
+    # every other schedule leaves a bubble at m = 2W
+    for schedule in ("ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble", "ScheduleDualPipeV"):
+        assert chunked(schedule, 4, 8).time_per_micro_batch > 12.0
+
+
+def test_a_split_backward_keeps_the_recomputed_graph_from_input_to_weight_gradient():
+    # ZBV on 2 ranks, m = 4, checkpointed: rank 1 (chunks 1 and 2) ends its step with I, I, I then W, W, W, so it
+    # holds 3 recomputed graphs (550 B) with their micro-batches' inputs and outputs (100 B) on top of its parameters
+    result = chunked("ScheduleZBVZeroBubble", 2, 4, checkpointing="all")
+    assert result.peak_memory[1] == 400 + 3 * (550 + 100)
+    # not checkpointed, the graphs of the micro-batches in flight, which the same order holds at most 4 at once
+    assert chunked("ScheduleZBVZeroBubble", 2, 4).peak_memory[1] == 400 + 4 * 550
+
+
+def test_the_split_halves_add_up_to_the_backward_and_the_first_chunk_skips_its_input_half():
+    result = chunked("ScheduleZBVZeroBubble", 2, 4, input_share=0.25)
+    seconds = Counter()
+    for event in result.events:
+        seconds[event.kind, event.stage == 0] += event.end - event.start
+    steps, m = 4, 4
+    # chunks 1-3: I = 0.25 x 4 s, W = 3 s per micro-batch; chunk 0 (stage 0): I skipped, W the whole 4 s
+    assert seconds["backward", False] == pytest.approx(steps * m * 3 * 1.0)
+    assert seconds["backward (weights)", False] == pytest.approx(steps * m * 3 * 3.0)
+    assert seconds["backward (weights)", True] == pytest.approx(steps * m * 4.0)
+    assert seconds["backward", True] == 0.0
+
+
+def test_settings_torch_refuses_and_costs_without_the_split_are_refused():
+    with pytest.raises(ValueError, match="DualPipeV requires at least as many microbatches"):
+        chunked("ScheduleDualPipeV", 4, 4)
+    with pytest.raises(ValueError, match="input_backward_s"):
+        chunked("ScheduleZBVZeroBubble", 2, 4, input_share=None)
+    assert chunked("ScheduleInterleaved1F1B", 2, 4, input_share=None).time_per_micro_batch > 0  # no split needed
+    with pytest.raises(ValueError, match="one chunk per rank"):
+        simulate_schedule("Schedule1F1B", uniform(8), Placement.balanced(8, 4), 2, 4)
+    with pytest.raises(ValueError, match="unknown schedule"):
+        simulate_schedule("ScheduleNothing", uniform(8), Placement.balanced(8, 4), 2, 4)
