@@ -18,7 +18,9 @@ Against the strongest synchronous rival at equal memory: the stages are also pro
 mode (forward, and backward through the kept graph), and `simulate_1f1b` replays torch's `Schedule1F1B` on each
 device count, without checkpointing, checkpointed, and checkpointed on every chunk but the last, at m = W, 2W and 4W
 micro-batches per step (4W: GPipe's rule for a negligible bubble), each on the `Placement.auto` split of its own
-costs. PETRA is predicted in three settings: one engine stage per model stage (J); on fewer devices than stages,
+costs; `simulate_schedule` replays torch's multi-chunk schedules (`ScheduleInterleaved1F1B`,
+`ScheduleInterleavedZeroBubble`, `ScheduleZBVZeroBubble`, `ScheduleDualPipeV`) in torch's own order on 2W chunks,
+without and with checkpointing, where the model has 2W stages and torch accepts the m. PETRA is predicted in three settings: one engine stage per model stage (J); on fewer devices than stages,
 one engine stage per device (each device's group of `Placement.auto` merged, profiled as merged), which holds less;
 and one engine stage per device keeping every graph it can (`keep_graphs`: each group that is not reversible and
 not last keeps its forward's graph instead of recomputing it), which spends memory on speed.
@@ -48,7 +50,7 @@ import torch  # noqa: E402
 
 from common import RESULTS, add_out_argument, build_model, cross_entropy, progress, random_batches  # noqa: E402
 from common import results_path, revnet_config, write_results  # noqa: E402
-from petra_hub.engine import Mode, Placement, merge_stages, profile_stages, simulate, simulate_1f1b  # noqa: E402
+from petra_hub.engine import Mode, Placement, merge_stages, profile_stages, simulate, simulate_schedule  # noqa: E402
 from petra_hub.engine.graph_budget import recomputing_stages  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH  # noqa: E402
 
@@ -56,6 +58,8 @@ DEVICES = {10: (2, 4, 5, 10), 18: (2, 6, 9, 18)}  # by number of stages J: 2 dev
 MODELS = ("revnet18", "revnet34", "revnet50")
 PAPER_TABLE5 = {"revnet18": {"devices": 10, "speedup": 3.0}, "revnet34": {"devices": 18, "speedup": 2.4}}
 CHECKPOINTING = ("none", "but_last", "all")  # simulate_1f1b's settings of the rival
+MULTI_CHUNK = ("ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble",
+               "ScheduleDualPipeV")  # simulate_schedule's rivals on 2W chunks
 
 def links() -> dict[str, tuple[float, float]]:
     """name -> (bandwidth B/s, latency s per message)."""
@@ -146,17 +150,28 @@ def predict_model(preset: str, quick: bool, rounds: int) -> dict:
 
 
 def rivals(costs, devices: int, bandwidth: float, latency: float) -> list[dict]:
-    """`simulate_1f1b` at every checkpointing and m in (W, 2W, 4W), each on the split that balances its own costs."""
+    """`simulate_1f1b` at every checkpointing and m in (W, 2W, 4W), then torch's multi-chunk schedules
+    (`simulate_schedule`, 2W chunks) without and with checkpointing at the same m where the stages make 2W chunks
+    and torch accepts the setting; each on the split that balances its own costs."""
     rows = []
-    for checkpointing in CHECKPOINTING:
-        # what a rank computes per micro-batch: a checkpointed chunk runs its forward twice
-        timed = costs if checkpointing == "none" else [replace(c, backward_s=c.backward_s + c.forward_s) for c in costs]
-        placement = Placement.auto(timed, devices, link_bandwidth=bandwidth, latency=latency)
-        for m in (devices, 2 * devices, 4 * devices):
-            result = simulate_1f1b(costs, placement, m, checkpointing, bandwidth, latency)
-            rows.append({"checkpointing": checkpointing, "m": m, "partition": [len(g) for g in placement.groups],
-                         "time_s": result.time_per_micro_batch, "peak_bytes": max(result.peak_memory),
-                         "bubble_fraction": result.bubble_fraction})
+    for schedule in ("Schedule1F1B", *MULTI_CHUNK):
+        chunks = devices if schedule == "Schedule1F1B" else 2 * devices
+        if chunks > len(costs):
+            continue
+        for checkpointing in CHECKPOINTING if schedule == "Schedule1F1B" else ("none", "all"):
+            # what a chunk computes per micro-batch: a checkpointed chunk runs its forward twice
+            timed = costs if checkpointing == "none" else [replace(c, backward_s=c.backward_s + c.forward_s)
+                                                           for c in costs]  # fmt: skip
+            placement = Placement.auto(timed, chunks, link_bandwidth=bandwidth, latency=latency)
+            for m in (devices, 2 * devices, 4 * devices):
+                try:
+                    result = simulate_schedule(schedule, costs, placement, devices, m, checkpointing, bandwidth,
+                                               latency)
+                except ValueError:  # torch refuses the setting (DualPipeV needs m >= 2W, ...)
+                    continue
+                rows.append({"schedule": schedule, "checkpointing": checkpointing, "m": m,
+                             "partition": [len(g) for g in placement.groups], "time_s": result.time_per_micro_batch,
+                             "peak_bytes": max(result.peak_memory), "bubble_fraction": result.bubble_fraction})
     return rows
 
 

@@ -724,16 +724,18 @@ RIVAL_CHECKPOINTING = {"none": "no checkpointing", "but_last": "checkpointed but
 
 
 def predict_rivals(r, arg=None):
-    """PREDICTED: each PETRA setting against `Schedule1F1B` (simulated) on one link (`arg`, default PCIe): the fastest
-    1F1B setting within PETRA's peak memory per device (+2%), the fastest checkpointed one and the fastest of all."""
+    """PREDICTED: each PETRA setting against torch's schedules (simulated; results before `simulate_schedule` hold
+    `Schedule1F1B` alone) on one link (`arg`, default PCIe): the fastest setting within PETRA's peak memory per
+    device (+2%), the fastest checkpointed one and the fastest of all."""
     link = arg or "PCIe 4.0 x16"
     rows = []
     for preset, model in need(r, "models").items():
         for row in need(model, "rows"):
             if row["link"] != link:
                 continue
-            rivals = [(f"{RIVAL_CHECKPOINTING[x['checkpointing']]}, m = {x['m']}", x["peak_bytes"], x["time_s"],
-                       x["checkpointing"] != "none") for x in need(row, "rivals")]  # fmt: skip
+            rivals = [(f"{x.get('schedule', 'Schedule1F1B')} {RIVAL_CHECKPOINTING[x['checkpointing']]}, m = {x['m']}",
+                       x["peak_bytes"], x["time_s"], x["checkpointing"] != "none")
+                      for x in need(row, "rivals")]  # fmt: skip
             settings = [(f"one stage per model stage (J = {model['num_stages']})", row["petra_s"],
                          row["petra_peak_bytes"])]
             if row.get("petra_per_device"):
@@ -748,8 +750,8 @@ def predict_rivals(r, arg=None):
                              *fastest([x for x in rivals if x[3]], seconds, peak_column=False),
                              *fastest(rivals, seconds)])  # fmt: skip
     header = ["model", "devices", "PETRA setting (predicted)", "ms / micro-batch", "peak MiB per device",
-              "fastest 1F1B within PETRA's memory (+2%)", "its peak", "ms", "PETRA faster by",
-              "fastest checkpointed 1F1B", "ms", "PETRA faster by", "fastest 1F1B", "its peak", "ms",
+              "fastest rival within PETRA's memory (+2%)", "its peak", "ms", "PETRA faster by",
+              "fastest checkpointed rival", "ms", "PETRA faster by", "fastest rival", "its peak", "ms",
               "PETRA faster by"]  # fmt: skip
     return table(header, rows, "lrlrrlrrrlrrlrrr")
 

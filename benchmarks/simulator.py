@@ -6,7 +6,7 @@
     python benchmarks/simulator.py --modes petra --groups 1,2/7 4/6 --out benchmarks/results/simulator_groups.json
                                               # PETRA on coarser engine stages instead of the 3 partitions
     python benchmarks/simulator.py --modes --rival-microbatches 2 8 18 --out benchmarks/results/simulator_1f1b.json
-                                              # torch's Schedule1F1B against `simulate_1f1b` instead
+                                              # torch's Schedule1F1B against `simulate_schedule` instead
 
 In a gloo group of 2 processes (one thread each): both ranks measure the stages of every mode with `profile_stages`
 at the same time (medians of 5 timings after the pipeline has filled, averaged over the ranks, so that the timings
@@ -16,7 +16,8 @@ time 3 windows of micro-batches (the slower rank's wall time per micro-batch, me
 predicts the same from the profile and the link; the JSON holds both and the relative error. With
 `--rival-microbatches`, torch's `Schedule1F1B` (one chunk per rank, on each partition, without checkpointing,
 checkpointed, and checkpointed on every chunk but the last) is measured the same way at each n_microbatches m and
-predicted by `simulate_1f1b` from the stages profiled under the engine's `backprop` mode. Every run's allocation
+predicted by `simulate_schedule` from the stages profiled under the engine's `backprop` mode; `--rival-schedules`
+adds torch's multi-chunk schedules (rivals.py's names, on its 2W chunks, without and with checkpointing). Every run's allocation
 peak per rank (`rivals.pipeline_peak`, measured fresh as the throughput benchmark does) stands beside the
 simulated peak memory, both without the parameters.
 """
@@ -45,18 +46,23 @@ import torch.distributed as dist  # noqa: E402
 from common import add_out_argument, build_model, cross_entropy, feed, make_pipeline, progress  # noqa: E402
 from common import parse_groups, random_batches, results_path, revnet_config, write_results  # noqa: E402
 from petra_hub.engine import Mode, Placement, StageCost, merge_stages, profile_stages, simulate  # noqa: E402
-from petra_hub.engine import simulate_1f1b  # noqa: E402
-from rivals import Rival, measure_fresh, pipeline_peak  # noqa: E402
+from petra_hub.engine import simulate_schedule  # noqa: E402
+from rivals import SCHEDULES, NotApplicable, Rival, chunk_layout, chunk_owner, measure_fresh  # noqa: E402
+from rivals import pipeline_peak  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH, RECIPE_WIDTH  # noqa: E402
 
 PARTITIONS = ([5, 5], [4, 6], [6, 4])
+MULTI_CHUNK = [key for key, (_, per_rank, _, _) in SCHEDULES.items() if per_rank > 1]  # rivals.py's names
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--modes", nargs="*", default=None, help="default: all six (quick: petra backprop)")
     parser.add_argument("--rival-microbatches", nargs="+", type=int, default=[],
-                        help="also torch's Schedule1F1B at these n_microbatches, against simulate_1f1b")
+                        help="also torch's schedules at these n_microbatches, against simulate_schedule")
+    parser.add_argument("--rival-schedules", nargs="+", default=["1f1b"],
+                        choices=["1f1b", *MULTI_CHUNK],
+                        help="with --rival-microbatches: which (default 1f1b; rivals.py's names)")
     parser.add_argument("--micro-batches", type=int, default=None, help="per timed window (default 12; quick 4)")
     parser.add_argument(
         "--groups", nargs="+", default=None,
@@ -179,7 +185,7 @@ def slowest_rank_windows(work, micro_batches: int, world_size: int, count: int =
     return windows
 
 
-def compared(mode, partition, groups, windows, peak, predicted, costs, world_size) -> dict:
+def compared(mode, partition, groups, windows, peak, predicted, costs, world_size, owners=None) -> dict:
     """One results row: the measured windows and this rank's allocation peak (gathered from every rank) beside the
     simulation."""
     measured = statistics.median(windows)
@@ -188,7 +194,8 @@ def compared(mode, partition, groups, windows, peak, predicted, costs, world_siz
     return {"mode": mode, "partition": partition, "groups": groups, "measured_s": measured,
             "predicted_s": predicted.time_per_micro_batch, "error": predicted.time_per_micro_batch / measured - 1,
             "predicted_utilisation": list(predicted.utilisation), "windows_s": windows,
-            "measured_peak_bytes": peaks, "predicted_peak_bytes": without_parameters(predicted, costs, partition)}
+            "measured_peak_bytes": peaks,
+            "predicted_peak_bytes": without_parameters(predicted, costs, partition, owners)}
 
 
 def summary(row: dict) -> str:
@@ -196,36 +203,59 @@ def summary(row: dict) -> str:
             f"({100 * row['error']:+.1f}%)")
 
 
-def without_parameters(predicted, costs, partition) -> list[int]:
-    """A simulation's peak memory per rank less the rank's parameters (which the measured allocation peak leaves
-    out)."""
+def without_parameters(predicted, costs, partition, owners=None) -> list[int]:
+    """A simulation's peak memory per rank less the parameters of the rank's stages (which the measured allocation
+    peak leaves out); `partition` the sizes of the groups, `owners` each group's rank (default: group r on rank r)."""
     groups = Placement.from_sizes(partition).groups
-    return [peak - sum(costs[i].parameter_bytes for i in group) for peak, group in zip(predicted.peak_memory, groups)]
+    owners = owners or list(range(len(groups)))
+    return [peak - sum(costs[i].parameter_bytes for group, owner in zip(groups, owners) if owner == rank for i in group)
+            for rank, peak in enumerate(predicted.peak_memory)]
 
 
 CHECKPOINTING = {"none": None, "all": "torch", "but_last": "torch_but_last"}  # simulate_1f1b's name -> rivals.py's
 
 
 def rival_rows(rank, world_size, settings, stages, batches, latency, bandwidth) -> list[dict]:
-    """torch's Schedule1F1B on every partition, checkpointing and m, measured, and predicted by `simulate_1f1b`;
-    `stages(None)` builds a fresh copy of the model's stages."""
+    """torch's schedules (`settings.rival_schedules`) on every partition, checkpointing and m, measured, and
+    predicted by `simulate_schedule`; `stages(None)` builds a fresh copy of the model's stages. Schedule1F1B runs each
+    partition; the multi-chunk schedules run the 2W chunks of `rivals.chunk_layout` (one layout: it depends only on
+    the costs), checkpointed as the throughput benchmark checkpoints them."""
     costs = profile_on_every_rank(stages(None), batches[0], "backprop", world_size)
+    runs = []  # (schedule key, torch class, layout style, checkpointing, partition or chunk sizes)
+    for schedule in settings.rival_schedules:
+        torch_class, _, style, _ = SCHEDULES[schedule]
+        if schedule == "1f1b":
+            runs += [(schedule, torch_class, "1f1b", c, partition) for _, partition in settings.settings
+                     for c in CHECKPOINTING]  # fmt: skip
+        else:
+            layout = chunk_layout([c.compute_s for c in costs], settings.settings[0][1], world_size)
+            runs += [(schedule, torch_class, style, c, layout[style]["sizes"]) for c in ("none", "all")]
     rows = []
-    for _, partition in settings.settings:
-        layout = {"1f1b": {"sizes": partition, "ranks": list(range(world_size))}}
-        for checkpointing, m in [(c, m) for c in CHECKPOINTING for m in settings.rival_microbatches]:
-            rival = Rival("1f1b", CHECKPOINTING[checkpointing], m, stages(None), layout, rank, world_size,
-                          cross_entropy, lambda module: torch.optim.SGD(module.parameters(), lr=0.01))
+    for schedule, torch_class, style, checkpointing, sizes in runs:
+        owners = [chunk_owner(style, c, world_size) if style != "1f1b" else c for c in range(len(sizes))]
+        layout = {style: {"sizes": sizes, "ranks": owners}}
+        torch_checkpointing = CHECKPOINTING[checkpointing] if schedule == "1f1b" else (
+            SCHEDULES[schedule][3] if checkpointing == "all" else None)
+        for m in settings.rival_microbatches:
+            try:
+                rival = Rival(schedule, torch_checkpointing, m, stages(None), layout, rank, world_size, cross_entropy,
+                              lambda module: torch.optim.SGD(module.parameters(), lr=0.01))
+            except NotApplicable as reason:
+                if rank == 0:
+                    progress(f"{schedule} m = {m}: not applicable ({reason})")
+                continue
             peak, _ = measure_fresh(rival, batches)
             steps = max(1, -(-settings.micro_batches // m))  # whole steps, at least the window's micro-batches
             rival.step(batches, 0)
             windows = slowest_rank_windows(lambda: [rival.step(batches, step * m) for step in range(steps)],
                                            steps * m, world_size)
-            predicted = simulate_1f1b(costs, Placement.from_sizes(partition), m, checkpointing, bandwidth, latency)
-            rows.append(compared(f"1f1b ({checkpointing})", partition, None, windows, peak, predicted, costs,
-                                 world_size) | {"m": m})
+            predicted = simulate_schedule(torch_class, costs, Placement.from_sizes(sizes), world_size, m,
+                                          checkpointing, bandwidth, latency)
+            label = "1f1b" if schedule == "1f1b" else torch_class
+            rows.append(compared(f"{label} ({checkpointing})", sizes, None, windows, peak, predicted, costs,
+                                 world_size, owners) | {"m": m})
             if rank == 0:
-                progress(f"1F1B {checkpointing:8s} m = {m:2d} {partition}: {summary(rows[-1])}")
+                progress(f"{label} {checkpointing:8s} m = {m:2d} {sizes}: {summary(rows[-1])}")
     return rows
 
 

@@ -21,10 +21,20 @@ def test_quick_predictions(tmp_path, report):
         assert row["speedup"] == row["naive_s"] / row["petra_s"] > 1
     assert {row["devices"] for row in model["rows"]} == {2, 4, 5, 10}
     for row in model["rows"]:  # the simulated 1F1B rivals: every checkpointing at m = W, 2W, 4W
-        settings = [(x["checkpointing"], x["m"]) for x in row["rivals"]]
+        settings = [(x["checkpointing"], x["m"]) for x in row["rivals"] if x["schedule"] == "Schedule1F1B"]
         ranks = row["devices"]
         assert settings == [(c, m) for c in ("none", "but_last", "all") for m in (ranks, 2 * ranks, 4 * ranks)]
-        by = {(x["checkpointing"], x["m"]): x for x in row["rivals"]}
+        by = {(x["checkpointing"], x["m"]): x for x in row["rivals"] if x["schedule"] == "Schedule1F1B"}
+        # torch's multi-chunk schedules on 2W chunks, where 10 stages make them (not on 10 devices)
+        multi = {(x["schedule"], x["checkpointing"], x["m"]): x
+                 for x in row["rivals"] if x["schedule"] != "Schedule1F1B"}
+        assert {schedule for schedule, _, _ in multi} == (set() if ranks == 10 else {
+            "ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble", "ScheduleDualPipeV"})
+        assert ("ScheduleDualPipeV", "none", ranks) not in multi  # torch wants m >= 2W
+        for (schedule, checkpointing, m), x in multi.items():
+            assert sum(x["partition"]) == 10 and len(x["partition"]) == 2 * ranks
+            if checkpointing == "all":
+                assert x["time_s"] > multi[schedule, "none", m]["time_s"]
         # more micro-batches per flush: a smaller bubble, the same micro-batches in flight
         assert by["none", 4 * ranks]["time_s"] < by["none", ranks]["time_s"]
         assert by["none", 4 * ranks]["peak_bytes"] == by["none", ranks]["peak_bytes"]
