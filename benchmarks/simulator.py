@@ -229,6 +229,8 @@ def rival_rows(rank, world_size, settings, stages, batches, latency, bandwidth) 
                      for c in CHECKPOINTING]  # fmt: skip
         else:
             layout = chunk_layout([c.compute_s for c in costs], settings.settings[0][1], world_size)
+            if style not in layout:
+                raise ValueError(f"{schedule} needs 2W = {2 * world_size} chunks of the {len(costs)} stages")
             runs += [(schedule, torch_class, style, c, layout[style]["sizes"]) for c in ("none", "all")]
     rows = []
     for schedule, torch_class, style, checkpointing, sizes in runs:
