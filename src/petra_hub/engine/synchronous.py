@@ -192,11 +192,13 @@ def _replay(orders, owners, chunk_costs: list[_ChunkCost], world_size: int, m: i
         return other, transfer(size) if owners[other[1]] != owners[op.chunk] else 0.0
 
     memory = _Memory(chunk_costs, recomputes, [sum(chunk_costs[c].parameter_bytes for c in chunks) for chunks in mine])
+
     def in_step(step: int, entry: tuple[Operation, ...]) -> tuple[Operation, ...]:
         return tuple(Operation(op.kind, op.chunk, step * m + op.micro_batch) for op in entry)
 
-    queues = [[in_step(step, entry) for entry in order] + [_UPDATE] for order in orders for step in range(steps)]
-    queues = [sum(queues[rank * steps : (rank + 1) * steps], []) for rank in range(world_size)]
+    # each rank's list once per step, then its update
+    queues = [[e for step in range(steps) for e in [*(in_step(step, entry) for entry in order), _UPDATE]]
+              for order in orders]  # fmt: skip
     done: dict[tuple, float] = {}
     clock, busy, position = [0.0] * world_size, [0.0] * world_size, [0] * world_size
     updates: list[float] = []  # rank 0's update ends
