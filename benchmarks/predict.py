@@ -53,13 +53,14 @@ from common import results_path, revnet_config, write_results  # noqa: E402
 from petra_hub.engine import Mode, Placement, merge_stages, profile_stages, simulate, simulate_schedule  # noqa: E402
 from petra_hub.engine.graph_budget import recomputing_stages  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH  # noqa: E402
+from rivals import SCHEDULES  # noqa: E402
 
 DEVICES = {10: (2, 4, 5, 10), 18: (2, 6, 9, 18)}  # by number of stages J: 2 devices up to one stage each
 MODELS = ("revnet18", "revnet34", "revnet50")
 PAPER_TABLE5 = {"revnet18": {"devices": 10, "speedup": 3.0}, "revnet34": {"devices": 18, "speedup": 2.4}}
 CHECKPOINTING = ("none", "but_last", "all")  # simulate_1f1b's settings of the rival
-MULTI_CHUNK = ("ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble",
-               "ScheduleDualPipeV")  # simulate_schedule's rivals on 2W chunks
+# simulate_schedule's rivals on 2W chunks: the torch classes of rivals.py's multi-chunk schedules
+MULTI_CHUNK = tuple(dict.fromkeys(name for name, per_rank, _, _ in SCHEDULES.values() if per_rank > 1))
 
 def links() -> dict[str, tuple[float, float]]:
     """name -> (bandwidth B/s, latency s per message)."""
