@@ -679,18 +679,24 @@ def split_label(row: dict) -> str:
 
 def simulator_main(r, arg=None):
     """Measured against predicted time per micro-batch, per mode and partition, with the automatic partition."""
+    overlapped = all("error_overlapped" in row for row in need(r, "rows"))  # torch's schedules, newer runs
+
+    def spread(key: str) -> str:
+        errors = sorted(abs(row[key]) for row in r["rows"])
+        return f"median {100 * statistics.median(errors):.1f}%, max {100 * errors[-1]:.1f}%"
+
     rows = []
-    for row in need(r, "rows"):
+    for row in r["rows"]:
         auto = r.get("auto_partition", {}).get(row["mode"])
         mode = f"{row['mode']}, m = {row['m']}" if "m" in row else row["mode"]
         rows.append([mode, split_label(row), ms(row["measured_s"]), ms(row["predicted_s"]),
-                     f"{100 * row['error']:+.1f}%", "yes" if auto == row["partition"] else ""])
-    errors = sorted(abs(row["error"]) for row in r["rows"])
-    rows.append(["**all**", "", "", "", f"median {100 * statistics.median(errors):.1f}%, max {100 * errors[-1]:.1f}%",
-                 ""])
-    header = ["mode", "stages per rank", "measured ms / micro-batch", "predicted ms", "error",
-              "Placement.auto's choice"]
-    return table(header, rows, "llrrrl")
+                     f"{100 * row['error']:+.1f}%"]
+                    + ([f"{100 * row['error_overlapped']:+.1f}%"] if overlapped else [])
+                    + ["yes" if auto == row["partition"] else ""])  # fmt: skip
+    rows.append(["**all**", "", "", "", spread("error")] + ([spread("error_overlapped")] if overlapped else []) + [""])
+    header = ["mode", "stages per rank", "measured ms / micro-batch", "predicted ms", "error"]
+    header += ["error if transfers overlapped compute"] if overlapped else []
+    return table(header + ["Placement.auto's choice"], rows, "llrrr" + ("r" if overlapped else "") + "l")
 
 
 def simulator_memory(r, arg=None):

@@ -92,3 +92,19 @@ def test_settings_torch_refuses_and_costs_without_the_split_are_refused():
         simulate_schedule("Schedule1F1B", uniform(8), Placement.balanced(8, 4), 2, 4)
     with pytest.raises(ValueError, match="unknown schedule"):
         simulate_schedule("ScheduleNothing", uniform(8), Placement.balanced(8, 4), 2, 4)
+
+
+def test_transfers_that_occupy_the_ranks_cost_time_only_where_a_rank_was_busy():
+    # 1F1B, 2 one-stage chunks, F = 1, B = 2, 50 B at 100 B/s: each message takes 0.5 s. Worked by hand, m = 2:
+    # overlapped, a step ends with rank 0's last backward at 10; when the ranks copy the messages themselves, rank 1
+    # receives its second forward's input (0.5) after sending the first backward's gradient (0.5) while rank 0
+    # sends each forward's output (0.5 each) and waits: its last backward ends at 11.
+    costs, chunks = uniform(2), Placement.balanced(2, 2)
+    overlapped = simulate_schedule("Schedule1F1B", costs, chunks, 2, 2, link_bandwidth=100.0)
+    copied = simulate_schedule("Schedule1F1B", costs, chunks, 2, 2, link_bandwidth=100.0, overlap_transfers=False)
+    assert overlapped.time_per_micro_batch == pytest.approx(10.0 / 2)
+    assert copied.time_per_micro_batch == pytest.approx(11.0 / 2)
+    # one micro-batch per step is a chain: the receiver copies while the sender sends, so nothing changes
+    chain = [simulate_schedule("Schedule1F1B", costs, chunks, 2, 1, link_bandwidth=100.0, overlap_transfers=overlap)
+             for overlap in (True, False)]  # fmt: skip
+    assert chain[0].time_per_micro_batch == pytest.approx(chain[1].time_per_micro_batch)

@@ -104,6 +104,8 @@ def simulate_schedule(
     link_bandwidth: float | None = None,
     latency: float = 0.0,
     steps: int = 4,
+    *,
+    overlap_transfers: bool = True,
 ) -> Simulation:
     """torch's `schedule` (a class of torch.distributed.pipelining: "Schedule1F1B", "ScheduleInterleaved1F1B",
     "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble", "ScheduleDualPipeV") on `world_size` ranks, the model's
@@ -111,7 +113,12 @@ def simulate_schedule(
     from the costs of `profile_stages(..., mode="backprop")` (a forward, and a backward through the graph it kept;
     the split schedules also need `input_backward_s`). Checkpointed chunks ("all", or "but_last": all but the last)
     run their forward again in their backward (in I where it is split, in W for the first chunk, whose I torch
-    skips). The engine's own time per tick (`overhead_s`) is not charged: torch's runtime is another program."""
+    skips). The engine's own time per tick (`overhead_s`) is not charged: torch's runtime is another program.
+
+    `overlap_transfers`: True, a message between ranks takes `latency` + bytes / `link_bandwidth` to arrive while
+    both ranks go on computing (copy engines and NCCL on GPUs). False, the ranks also pay for it: the sender spends
+    bytes / `link_bandwidth` of its own time after the operation that produced it, the receiver as much before the
+    operation that needs it (processes that share CPU cores and copy through sockets, e.g. gloo on one machine)."""
     if checkpointing not in ("none", "all", "but_last"):
         raise ValueError(f"checkpointing must be 'none', 'all' or 'but_last', got {checkpointing!r}")
     if micro_batches < 1 or steps < 2:
@@ -124,7 +131,7 @@ def simulate_schedule(
         raise ValueError(f"{schedule} splits the backward: the costs need input_backward_s "
                          "(profile_stages(..., mode='backprop') measures it)")
     return _replay(orders, owners, [_ChunkCost.of(costs, group) for group in chunks.groups], world_size,
-                   micro_batches, checkpointing, link_bandwidth, latency, steps)
+                   micro_batches, checkpointing, link_bandwidth, latency, steps, overlap_transfers)
 
 
 def simulate_1f1b(
@@ -135,10 +142,12 @@ def simulate_1f1b(
     link_bandwidth: float | None = None,
     latency: float = 0.0,
     steps: int = 4,
+    *,
+    overlap_transfers: bool = True,
 ) -> Simulation:
     """torch's `Schedule1F1B` (one chunk per rank: `placement`'s groups): `simulate_schedule`'s simplest case."""
     return simulate_schedule(ONE_F_ONE_B, costs, placement, len(placement.groups), micro_batches, checkpointing,
-                             link_bandwidth, latency, steps)
+                             link_bandwidth, latency, steps, overlap_transfers=overlap_transfers)
 
 
 @dataclass(frozen=True)
@@ -172,24 +181,35 @@ class _ChunkCost:
 
 
 def _replay(orders, owners, chunk_costs: list[_ChunkCost], world_size: int, m: int, checkpointing: str,
-            link_bandwidth: float | None, latency: float, steps: int) -> Simulation:
+            link_bandwidth: float | None, latency: float, steps: int, overlap_transfers: bool) -> Simulation:
     count = len(chunk_costs)
     recomputes = [checkpointing == "all" or (checkpointing == "but_last" and c < count - 1) for c in range(count)]
     mine = [[c for c in range(count) if owners[c] == rank] for rank in range(world_size)]
 
-    def transfer(size: int) -> float:
-        return latency + (size / link_bandwidth if size and link_bandwidth else 0.0)
+    def copying(size: int) -> float:
+        return size / link_bandwidth if size and link_bandwidth else 0.0
 
-    def needs(op: Operation) -> tuple[tuple, float] | None:
+    def needs(op: Operation) -> tuple[tuple, float, float] | None:
         """What `op` waits for from another chunk (F of the chunk before, or the input gradient of the chunk after),
-        and the transfer between their ranks."""
+        the transfer between their ranks, and the time the receiving rank spends on it."""
         if op.kind == "F" and op.chunk > 0:
             other, size = ("F", op.chunk - 1, op.micro_batch), chunk_costs[op.chunk - 1].sends_right
         elif op.kind in ("B", "I") and op.chunk < count - 1:
             other, size = ("grad", op.chunk + 1, op.micro_batch), chunk_costs[op.chunk + 1].sends_left
         else:
             return None
-        return other, transfer(size) if owners[other[1]] != owners[op.chunk] else 0.0
+        if owners[other[1]] == owners[op.chunk]:
+            return other, 0.0, 0.0
+        return other, latency + copying(size), 0.0 if overlap_transfers else copying(size)
+
+    def sending(op: Operation) -> float:
+        """The time the rank of `op` spends sending what `op` produced to another rank (0 where transfers overlap)."""
+        if overlap_transfers or op.kind not in ("F", "B", "I"):
+            return 0.0
+        target = op.chunk + 1 if op.kind == "F" else op.chunk - 1
+        if not 0 <= target < count or owners[target] == owners[op.chunk]:
+            return 0.0
+        return copying(chunk_costs[op.chunk].sends_right if op.kind == "F" else chunk_costs[op.chunk].sends_left)
 
     memory = _Memory(chunk_costs, recomputes, [sum(chunk_costs[c].parameter_bytes for c in chunks) for chunks in mine])
 
@@ -218,9 +238,10 @@ def _replay(orders, owners, chunk_costs: list[_ChunkCost], world_size: int, m: i
                         updates.append(start)
                 else:
                     waits = [need for need in map(needs, entry) if need]
-                    if any(other not in done for other, _ in waits):
+                    if any(other not in done for other, _, _ in waits):
                         break
-                    start = max([start] + [done[other] + hop for other, hop in waits])
+                    start = max([start + sum(receive for _, _, receive in waits)]
+                                + [done[other] + hop for other, hop, _ in waits])
                     for op in entry:
                         took = _seconds(op, chunk_costs[op.chunk], recomputes[op.chunk])
                         memory.run(rank, op)
@@ -229,6 +250,7 @@ def _replay(orders, owners, chunk_costs: list[_ChunkCost], world_size: int, m: i
                         start += took
                         busy[rank] += took
                         done["grad" if op.kind in ("B", "I") else op.kind, op.chunk, op.micro_batch] = start
+                        start += sending(op)
                 clock[rank] = start
                 position[rank] += 1
                 moved = True
