@@ -701,15 +701,22 @@ def simulator_main(r, arg=None):
 
 def simulator_memory(r, arg=None):
     """The allocation peak per rank measured in each run against the simulated one (both without the parameters)."""
-    rows = [[f"{row['mode']}, m = {row['m']}" if "m" in row else row["mode"], split_label(row),
-             " / ".join(mib(b) for b in row["measured_peak_bytes"]),
-             " / ".join(mib(b) for b in row["predicted_peak_bytes"]),
-             " / ".join(f"{p / m:.2f}" for p, m in zip(row["predicted_peak_bytes"], row["measured_peak_bytes"]))]
-            for row in need(r, "rows") if "measured_peak_bytes" in row]  # fmt: skip
-    if not rows:
+    measured = [row for row in need(r, "rows") if "measured_peak_bytes" in row]
+    if not measured:
         return NOT_MEASURED
+    needed = all("predicted_needed_peak_bytes" in row for row in measured)  # torch's schedules, newer runs
+
+    def per_rank(row, key: str) -> list[str]:
+        return [" / ".join(mib(b) for b in row[key]),
+                " / ".join(f"{p / m:.2f}" for p, m in zip(row[key], row["measured_peak_bytes"]))]
+
+    rows = [[f"{row['mode']}, m = {row['m']}" if "m" in row else row["mode"], split_label(row),
+             " / ".join(mib(b) for b in row["measured_peak_bytes"]), *per_rank(row, "predicted_peak_bytes")]
+            + (per_rank(row, "predicted_needed_peak_bytes") if needed else []) for row in measured]  # fmt: skip
     header = ["schedule", "stages per rank", "measured peak MiB (rank 0 / rank 1)", "predicted", "predicted / measured"]
-    return table(header, rows, "llrrr")
+    if needed:
+        header[3:] = ["predicted with torch's buffers", "/ measured", "the schedule's own need", "/ measured"]
+    return table(header, rows, "llrrr" + ("rr" if needed else ""))
 
 
 def predict_main(r, arg=None):

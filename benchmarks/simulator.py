@@ -17,8 +17,8 @@ predicts the same from the profile and the link; the JSON holds both and the rel
 `--rival-microbatches`, torch's `Schedule1F1B` (one chunk per rank, on each partition, without checkpointing,
 checkpointed, and checkpointed on every chunk but the last) is measured the same way at each n_microbatches m and
 predicted by `simulate_schedule` from the stages profiled under the engine's `backprop` mode (the ranks paying for
-each transfer, as processes sharing this machine's cores do; the prediction with transfers overlapping compute
-beside it); `--rival-schedules`
+each transfer, as processes sharing this machine's cores do, and with torch's buffers; beside it the prediction with
+transfers overlapping compute and the memory the schedule itself needs); `--rival-schedules`
 adds torch's multi-chunk schedules (rivals.py's names, on its 2W chunks, without and with checkpointing). Every run's allocation
 peak per rank (`rivals.pipeline_peak`, measured fresh as the throughput benchmark does) stands beside the
 simulated peak memory, both without the parameters.
@@ -255,12 +255,13 @@ def rival_rows(rank, world_size, settings, stages, batches, latency, bandwidth) 
                                            steps * m, world_size)
             copied, overlapped = (
                 simulate_schedule(torch_class, costs, Placement.from_sizes(sizes), world_size, m, checkpointing,
-                                  bandwidth, latency, overlap_transfers=overlap)
-                for overlap in (False, True))  # fmt: skip
+                                  bandwidth, latency, overlap_transfers=overlap, buffers=buffers)
+                for overlap, buffers in ((False, "torch"), (True, "needed")))  # fmt: skip
             label = "1f1b" if schedule == "1f1b" else torch_class
             row = compared(f"{label} ({checkpointing})", sizes, None, windows, peak, copied, costs, world_size, owners)
             rows.append(row | {"m": m, "predicted_overlapped_s": overlapped.time_per_micro_batch,
-                               "error_overlapped": overlapped.time_per_micro_batch / row["measured_s"] - 1})
+                               "error_overlapped": overlapped.time_per_micro_batch / row["measured_s"] - 1,
+                               "predicted_needed_peak_bytes": without_parameters(overlapped, costs, sizes, owners)})
             if rank == 0:
                 progress(f"{label} {checkpointing:8s} m = {m:2d} {sizes}: {summary(rows[-1])}")
     return rows

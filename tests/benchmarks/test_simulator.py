@@ -50,6 +50,7 @@ def test_torch_schedules_are_measured_beside_their_simulation(tmp_path, report):
     for row in result["rows"]:
         assert row["measured_s"] > 0 and row["predicted_s"] > 0
         assert 0 < row["predicted_overlapped_s"] < row["predicted_s"]  # ranks that copy messages take longer
+        assert all(0 < n < p for n, p in zip(row["predicted_needed_peak_bytes"], row["predicted_peak_bytes"]))
         assert len(row["measured_peak_bytes"]) == len(row["predicted_peak_bytes"]) == 2
         assert all(b > 0 for b in row["measured_peak_bytes"] + row["predicted_peak_bytes"])
         assert sum(row["partition"]) == 10 and len(row["partition"]) == (2 if row["mode"].startswith("1f1b") else 4)
@@ -57,3 +58,4 @@ def test_torch_schedules_are_measured_beside_their_simulation(tmp_path, report):
     assert "| 1f1b (none), m = 2 | 5,5 |" in report.render("simulator_1f1b/memory", tmp_path)
     assert "| ScheduleZBVZeroBubble (all), m = 4 |" in report.render("simulator_1f1b/main", tmp_path)
     assert "error if transfers overlapped compute" in report.render("simulator_1f1b/main", tmp_path)
+    assert "the schedule's own need" in report.render("simulator_1f1b/memory", tmp_path)

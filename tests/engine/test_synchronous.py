@@ -108,3 +108,21 @@ def test_transfers_that_occupy_the_ranks_cost_time_only_where_a_rank_was_busy():
     chain = [simulate_schedule("Schedule1F1B", costs, chunks, 2, 1, link_bandwidth=100.0, overlap_transfers=overlap)
              for overlap in (True, False)]  # fmt: skip
     assert chain[0].time_per_micro_batch == pytest.approx(chain[1].time_per_micro_batch)
+
+
+def test_torchs_buffers_add_a_receive_buffer_per_micro_batch_and_hold_sent_messages_until_the_step_ends():
+    # Schedule1F1B, 2 one-stage chunks sending 50 B each way, m = 2: chunk 0 keeps 2 buffers for its output's
+    # gradient, chunk 1 two for its input, 100 B each, whatever the schedule holds; its sends are not held
+    costs, chunks = uniform(2), Placement.balanced(2, 2)
+    needed, torch = (simulate_schedule("Schedule1F1B", costs, chunks, 2, 2, buffers=b) for b in ("needed", "torch"))
+    assert [t - n for t, n in zip(torch.peak_memory, needed.peak_memory)] == [100, 100]
+    # ZBV, 4 chunks of 2 stages in a V, m = 4: buffers 4 x 50 for each input and output gradient that crosses a
+    # chunk boundary (rank 0: chunks 0 and 3, 400 B; rank 1: chunks 1 and 2, 800 B), plus the messages sent to the
+    # other rank so far in the step (each rank sends 4 outputs and 4 gradients of 50 B: at most 400 B)
+    costs, chunks = uniform(8, graph=50), Placement.balanced(8, 4)
+    needed, torch = (simulate_schedule("ScheduleZBVZeroBubble", costs, chunks, 2, 4, buffers=b)
+                     for b in ("needed", "torch"))  # fmt: skip
+    extra = [t - n for t, n in zip(torch.peak_memory, needed.peak_memory)]
+    assert 400 + 200 <= extra[0] <= 400 + 400 and 800 + 200 <= extra[1] <= 800 + 400
+    with pytest.raises(ValueError, match="buffers"):
+        simulate_schedule("Schedule1F1B", costs, Placement.balanced(8, 2), 2, 2, buffers="pytorch")

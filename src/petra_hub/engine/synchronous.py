@@ -32,6 +32,7 @@ from .simulation import Simulation
 from .trace import Event
 
 Checkpointing = Literal["none", "all", "but_last"]
+Buffers = Literal["needed", "torch"]
 
 ONE_F_ONE_B = "Schedule1F1B"
 SPLIT_BACKWARD = ("I", "W")  # the zero-bubble schedules' halves of a backward
@@ -106,6 +107,7 @@ def simulate_schedule(
     steps: int = 4,
     *,
     overlap_transfers: bool = True,
+    buffers: Buffers = "needed",
 ) -> Simulation:
     """torch's `schedule` (a class of torch.distributed.pipelining: "Schedule1F1B", "ScheduleInterleaved1F1B",
     "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble", "ScheduleDualPipeV") on `world_size` ranks, the model's
@@ -118,9 +120,16 @@ def simulate_schedule(
     `overlap_transfers`: True, a message between ranks takes `latency` + bytes / `link_bandwidth` to arrive while
     both ranks go on computing (copy engines and NCCL on GPUs). False, the ranks also pay for it: the sender spends
     bytes / `link_bandwidth` of its own time after the operation that produced it, the receiver as much before the
-    operation that needs it (processes that share CPU cores and copy through sockets, e.g. gloo on one machine)."""
+    operation that needs it (processes that share CPU cores and copy through sockets, e.g. gloo on one machine).
+
+    `buffers`: "needed", the peak memory is what the schedule itself must hold; "torch", also what torch 2.14's
+    `PipelineStage` allocates around it: a receive buffer for every micro-batch of a step on every chunk (its input,
+    and its output's gradient), kept between steps, and, in the multi-chunk schedules' runtime, every message sent to
+    another rank, held until the step ends."""
     if checkpointing not in ("none", "all", "but_last"):
         raise ValueError(f"checkpointing must be 'none', 'all' or 'but_last', got {checkpointing!r}")
+    if buffers not in ("needed", "torch"):
+        raise ValueError(f"buffers must be 'needed' or 'torch', got {buffers!r}")
     if micro_batches < 1 or steps < 2:
         raise ValueError(f"need micro_batches >= 1 and steps >= 2, got {micro_batches} and {steps}")
     if chunks.num_stages != len(costs):
@@ -131,7 +140,8 @@ def simulate_schedule(
         raise ValueError(f"{schedule} splits the backward: the costs need input_backward_s "
                          "(profile_stages(..., mode='backprop') measures it)")
     return _replay(orders, owners, [_ChunkCost.of(costs, group) for group in chunks.groups], world_size,
-                   micro_batches, checkpointing, link_bandwidth, latency, steps, overlap_transfers)
+                   micro_batches, checkpointing, link_bandwidth, latency, steps, overlap_transfers,
+                   buffers == "torch", buffers == "torch" and schedule != ONE_F_ONE_B)
 
 
 def simulate_1f1b(
@@ -144,10 +154,11 @@ def simulate_1f1b(
     steps: int = 4,
     *,
     overlap_transfers: bool = True,
+    buffers: Buffers = "needed",
 ) -> Simulation:
     """torch's `Schedule1F1B` (one chunk per rank: `placement`'s groups): `simulate_schedule`'s simplest case."""
     return simulate_schedule(ONE_F_ONE_B, costs, placement, len(placement.groups), micro_batches, checkpointing,
-                             link_bandwidth, latency, steps, overlap_transfers=overlap_transfers)
+                             link_bandwidth, latency, steps, overlap_transfers=overlap_transfers, buffers=buffers)
 
 
 @dataclass(frozen=True)
@@ -181,7 +192,10 @@ class _ChunkCost:
 
 
 def _replay(orders, owners, chunk_costs: list[_ChunkCost], world_size: int, m: int, checkpointing: str,
-            link_bandwidth: float | None, latency: float, steps: int, overlap_transfers: bool) -> Simulation:
+            link_bandwidth: float | None, latency: float, steps: int, overlap_transfers: bool,
+            receive_buffers: bool, holds_sends: bool) -> Simulation:
+    """`receive_buffers`: every chunk keeps m receive buffers for its input and m for its output's gradient;
+    `holds_sends`: what a rank sends to another is held until its step ends (see `simulate_schedule`'s buffers)."""
     count = len(chunk_costs)
     recomputes = [checkpointing == "all" or (checkpointing == "but_last" and c < count - 1) for c in range(count)]
     mine = [[c for c in range(count) if owners[c] == rank] for rank in range(world_size)]
@@ -202,16 +216,22 @@ def _replay(orders, owners, chunk_costs: list[_ChunkCost], world_size: int, m: i
             return other, 0.0, 0.0
         return other, latency + copying(size), 0.0 if overlap_transfers else copying(size)
 
-    def sending(op: Operation) -> float:
-        """The time the rank of `op` spends sending what `op` produced to another rank (0 where transfers overlap)."""
-        if overlap_transfers or op.kind not in ("F", "B", "I"):
-            return 0.0
+    def outgoing(op: Operation) -> int:
+        """The bytes `op` sends to another rank (its output, or its input's gradient), if any."""
+        if op.kind not in ("F", "B", "I"):
+            return 0
         target = op.chunk + 1 if op.kind == "F" else op.chunk - 1
         if not 0 <= target < count or owners[target] == owners[op.chunk]:
-            return 0.0
-        return copying(chunk_costs[op.chunk].sends_right if op.kind == "F" else chunk_costs[op.chunk].sends_left)
+            return 0
+        return chunk_costs[op.chunk].sends_right if op.kind == "F" else chunk_costs[op.chunk].sends_left
 
-    memory = _Memory(chunk_costs, recomputes, [sum(chunk_costs[c].parameter_bytes for c in chunks) for chunks in mine])
+    def buffered(c: int) -> int:
+        """Chunk c's receive buffers: one input and one output gradient per micro-batch of a step."""
+        return m * ((chunk_costs[c].sends_left if c > 0 else 0) + (chunk_costs[c].sends_right if c < count - 1 else 0))
+
+    memory = _Memory(chunk_costs, recomputes,
+                     [sum(chunk_costs[c].parameter_bytes + (buffered(c) if receive_buffers else 0) for c in chunks)
+                      for chunks in mine])  # fmt: skip
 
     def in_step(step: int, entry: tuple[Operation, ...]) -> tuple[Operation, ...]:
         return tuple(Operation(op.kind, op.chunk, step * m + op.micro_batch) for op in entry)
@@ -236,6 +256,7 @@ def _replay(orders, owners, chunk_costs: list[_ChunkCost], world_size: int, m: i
                     busy[rank] += took
                     if rank == 0:
                         updates.append(start)
+                    memory.release_sends(rank)
                 else:
                     waits = [need for need in map(needs, entry) if need]
                     if any(other not in done for other, _, _ in waits):
@@ -250,7 +271,9 @@ def _replay(orders, owners, chunk_costs: list[_ChunkCost], world_size: int, m: i
                         start += took
                         busy[rank] += took
                         done["grad" if op.kind in ("B", "I") else op.kind, op.chunk, op.micro_batch] = start
-                        start += sending(op)
+                        start += 0.0 if overlap_transfers else copying(outgoing(op))
+                        if holds_sends:
+                            memory.hold_send(rank, outgoing(op))
                 clock[rank] = start
                 position[rank] += 1
                 moved = True
@@ -292,8 +315,19 @@ class _Memory:
     """Bytes each rank holds, followed operation by operation, and the most it held."""
 
     def __init__(self, chunk_costs: list[_ChunkCost], recomputes: list[bool], parameters: list[int]):
+        """`parameters`: what each rank holds throughout (its chunks' parameters, and any persistent buffers)."""
         self.costs, self.recomputes = chunk_costs, recomputes
         self.held, self.peak = list(parameters), list(parameters)
+        self.sends = [0] * len(parameters)  # bytes sent and held until the step ends
+
+    def hold_send(self, rank: int, size: int) -> None:
+        self.sends[rank] += size
+        self.held[rank] += size
+        self.peak[rank] = max(self.peak[rank], self.held[rank])
+
+    def release_sends(self, rank: int) -> None:
+        self.held[rank] -= self.sends[rank]
+        self.sends[rank] = 0
 
     def run(self, rank: int, op: Operation) -> None:
         cost, recomputes = self.costs[op.chunk], self.recomputes[op.chunk]
