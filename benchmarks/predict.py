@@ -25,7 +25,10 @@ one engine stage per device (each device's group of `Placement.auto` merged, pro
 and one engine stage per device keeping every graph it can (`keep_graphs`: each group that is not reversible and
 not last keeps its forward's graph instead of recomputing it), which spends memory on speed.
 Peak memory per device (`Simulation.peak_memory`): PETRA's stages' measured `held_bytes` plus the graph the largest
-operation builds; 1F1B's parameters, the micro-batches in flight and, checkpointed, the recomputation's graph.
+operation builds; a rival's parameters, the micro-batches in flight and, checkpointed, the recomputation's graph
+(what the schedule needs), and beside it the same with the buffers torch 2.14 allocates around that (`buffers=
+"torch"`: a receive buffer per micro-batch and chunk, and the multi-chunk runtime's sends held until the step ends;
+checked against torch's measured peaks by benchmarks/simulator.py).
 """
 
 from __future__ import annotations
@@ -166,13 +169,15 @@ def rivals(costs, devices: int, bandwidth: float, latency: float) -> list[dict]:
             placement = Placement.auto(timed, chunks, link_bandwidth=bandwidth, latency=latency)
             for m in (devices, 2 * devices, 4 * devices):
                 try:
-                    result = simulate_schedule(schedule, costs, placement, devices, m, checkpointing, bandwidth,
-                                               latency)
+                    result, allocated = (simulate_schedule(schedule, costs, placement, devices, m, checkpointing,
+                                                           bandwidth, latency, buffers=buffers)
+                                         for buffers in ("needed", "torch"))  # fmt: skip
                 except ValueError:  # torch refuses the setting (DualPipeV needs m >= 2W, ...)
                     continue
                 rows.append({"schedule": schedule, "checkpointing": checkpointing, "m": m,
                              "partition": [len(g) for g in placement.groups], "time_s": result.time_per_micro_batch,
-                             "peak_bytes": max(result.peak_memory), "bubble_fraction": result.bubble_fraction})
+                             "peak_bytes": max(result.peak_memory), "torch_peak_bytes": max(allocated.peak_memory),
+                             "bubble_fraction": result.bubble_fraction})
     return rows
 
 

@@ -739,15 +739,26 @@ RIVAL_CHECKPOINTING = {"none": "no checkpointing", "but_last": "checkpointed but
 def predict_rivals(r, arg=None):
     """PREDICTED: each PETRA setting against torch's schedules (simulated; results before `simulate_schedule` hold
     `Schedule1F1B` alone) on one link (`arg`, default PCIe): the fastest setting within PETRA's peak memory per
-    device (+2%), the fastest checkpointed one and the fastest of all."""
-    link = arg or "PCIe 4.0 x16"
+    device (+2%), the fastest checkpointed one and the fastest of all; a rival's peak is what its schedule needs."""
+    return rivals_at_equal_memory(r, arg or "PCIe 4.0 x16", "peak_bytes")
+
+
+def predict_rivals_allocated(r, arg=None):
+    """`predict_rivals` with each rival's peak as torch 2.14 allocates it (its buffers included)."""
+    return rivals_at_equal_memory(r, arg or "PCIe 4.0 x16", "torch_peak_bytes")
+
+
+def rivals_at_equal_memory(r, link: str, peak_key: str):
+    models = need(r, "models")
+    if not all(peak_key in x for model in models.values() for row in model["rows"] for x in row["rivals"]):
+        return NOT_MEASURED
     rows = []
-    for preset, model in need(r, "models").items():
+    for preset, model in models.items():
         for row in need(model, "rows"):
             if row["link"] != link:
                 continue
             rivals = [(f"{x.get('schedule', 'Schedule1F1B')} {RIVAL_CHECKPOINTING[x['checkpointing']]}, m = {x['m']}",
-                       x["peak_bytes"], x["time_s"], x["checkpointing"] != "none")
+                       x[peak_key], x["time_s"], x["checkpointing"] != "none")
                       for x in need(row, "rivals")]  # fmt: skip
             settings = [(f"one stage per model stage (J = {model['num_stages']})", row["petra_s"],
                          row["petra_peak_bytes"])]
@@ -981,7 +992,8 @@ RENDERERS = {
     "simulator": {"main": simulator_main, "memory": simulator_memory},
     "kept_graphs": {"main": kept_graphs_main},
     "delay_sensitivity": {"main": delay_sensitivity_main},
-    "predict": {"main": predict_main, "costs": predict_costs, "rivals": predict_rivals},
+    "predict": {"main": predict_main, "costs": predict_costs, "rivals": predict_rivals,
+                "rivals-allocated": predict_rivals_allocated},
     "overhead": {"main": overhead_main},
     "messages": {"main": messages_main},
     "compile": {"main": from_benchmark("compile")},

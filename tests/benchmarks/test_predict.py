@@ -38,6 +38,9 @@ def test_quick_predictions(tmp_path, report):
         # more micro-batches per flush: a smaller bubble, the same micro-batches in flight
         assert by["none", 4 * ranks]["time_s"] < by["none", ranks]["time_s"]
         assert by["none", 4 * ranks]["peak_bytes"] == by["none", ranks]["peak_bytes"]
+        # torch's receive buffers grow with m: one per micro-batch and chunk boundary
+        assert all(x["torch_peak_bytes"] > x["peak_bytes"] for x in row["rivals"])
+        assert by["none", 4 * ranks]["torch_peak_bytes"] > by["none", ranks]["torch_peak_bytes"]
         assert by["all", ranks]["time_s"] > by["none", ranks]["time_s"]
         assert (row["petra_per_device"] is None) == (ranks == 10)
         kept = row["petra_per_device_kept"]  # graphs kept instead of recomputed: more memory, less time
@@ -45,3 +48,4 @@ def test_quick_predictions(tmp_path, report):
     table = report.render("predict/rivals", tmp_path)
     # J = 10 on 2, 4, 5, 10 devices; one stage per device on 2, 4, 5; the same keeping graphs on all 4
     assert table.count("| RevNet18 |") == 4 + 3 + 4
+    assert report.render("predict/rivals-allocated", tmp_path).count("| RevNet18 |") == 4 + 3 + 4

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from petra_hub.engine import Pipeline, Placement, StageCost, profile_stages
-from petra_hub.engine.profiling import input_gradient_share
+from petra_hub.engine.profiling import split_backward_shares
 from petra_hub.testing.models import random_images, small_model
 from petra_hub.testing.ranks import run_ranks
 
@@ -55,17 +55,23 @@ def test_profile_measures_every_stage_without_touching_it():
 
 
 def test_under_backprop_the_backward_is_split_into_input_and_weight_gradients():
-    """torch's zero-bubble schedules split each backward; their simulation needs the input gradient's share."""
+    """torch's zero-bubble schedules split each backward; their simulation needs the time of each half."""
     model = small_model("revnet18", seed=1)
     plain = profile_stages(model.get_stages(), sample(model), mode="backprop", repeats=3)
-    assert plain[0].input_backward_s == 0.0  # the images need no gradient
-    assert all(0 < c.input_backward_s <= c.backward_s for c in plain[1:])
-    assert all(c.input_backward_s is None for c in profile_stages(model.get_stages(), sample(model), repeats=1))
+    assert plain[0].input_backward_s == 0.0  # the images need no gradient: the weights' half is the whole backward
+    assert plain[0].weight_backward_s == plain[0].backward_s
+    assert all(0 < c.input_backward_s < 2 * c.backward_s and 0 < c.weight_backward_s < 2 * c.backward_s
+               for c in plain[1:])  # fmt: skip
+    assert all(c.input_backward_s is None and c.weight_backward_s is None
+               for c in profile_stages(model.get_stages(), sample(model), repeats=1))  # fmt: skip
     # a linear layer: the input's gradient and the weight's are matrix products of the same size
     layer, x = torch.nn.Linear(512, 512), torch.randn(256, 512)
-    assert 0.15 < input_gradient_share(layer, x, None, None, last=False, repeats=5) < 0.85
+    inputs, weights = split_backward_shares(layer, x, None, None, last=False, repeats=5)
+    assert 0.15 < inputs < 0.85 and 0.15 < weights < 1.2 and inputs + weights > 0.7
+    assert layer.weight.grad is None  # measuring leaves no gradient behind
     frozen = torch.nn.Linear(4, 4).requires_grad_(False)
-    assert input_gradient_share(frozen, torch.randn(2, 4), None, None, last=False, repeats=1) == 1.0
+    assert split_backward_shares(frozen, torch.randn(2, 4), None, None, last=False, repeats=1) == (1.0, 0.0)
+
 
 def brute_force(costs, ranks, memory_limit=None, bandwidth=None):
     best = None

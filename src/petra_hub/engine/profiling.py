@@ -43,7 +43,10 @@ class StageCost:
     overhead_s: float = 0.0  # the engine's own time per tick (routing, bookkeeping), an equal share per stage
     parameter_bytes: int = 0  # its parameters' share of held_bytes
     graph_bytes: int = 0  # what autograd keeps for one micro-batch's forward, output included: what a backward builds
-    input_backward_s: float | None = None  # under `backprop`: the part of backward_s spent on the input's gradient
+    # under `backprop`, the halves of a backward split as torch's zero-bubble schedules split it: the input's
+    # gradient, then the weights' (walking the graph twice, they may add up to more than backward_s)
+    input_backward_s: float | None = None
+    weight_backward_s: float | None = None
 
     @property
     def compute_s(self) -> float:
@@ -107,36 +110,58 @@ def profile_stages(
             graph_bytes=graph_bytes(stage, stage_samples[index]),
         ))
     if Mode.parse(mode) is Mode.BACKPROP:  # what a split backward (torch's zero-bubble schedules) needs
-        costs[0] = replace(costs[0], input_backward_s=0.0)  # the data needs no gradient
+        costs[0] = replace(costs[0], input_backward_s=0.0, weight_backward_s=costs[0].backward_s)  # data: no gradient
         for index, stage in enumerate(copies[1:], start=1):
-            share = input_gradient_share(stage, stage_samples[index], to_device(targets, pipeline.device), loss_fn,
-                                         index == len(copies) - 1, repeats)
-            costs[index] = replace(costs[index], input_backward_s=share * costs[index].backward_s)
+            shares = split_backward_shares(stage, stage_samples[index], to_device(targets, pipeline.device), loss_fn,
+                                           index == len(copies) - 1, repeats)
+            costs[index] = replace(costs[index], input_backward_s=shares[0] * costs[index].backward_s,
+                                   weight_backward_s=shares[1] * costs[index].backward_s)
     return costs
 
 
-def input_gradient_share(stage: nn.Module, inputs: Activation, targets, loss_fn: Callable, last: bool,
-                         repeats: int) -> float:
-    """The fraction of a backward through `stage(inputs)` that the gradient of its inputs alone takes (the rest is
-    the gradient of its weights): medians of `repeats` timings of each, graphs built untimed."""
-    leaves = detached(inputs, requires_grad=True)
-    wrt_inputs = [t for t in as_tuple(leaves) if t.requires_grad]
+def split_backward_shares(stage: nn.Module, inputs: Activation, targets, loss_fn: Callable, last: bool,
+                          repeats: int) -> tuple[float, float]:
+    """The two halves of a split backward through `stage(inputs)`, each as a fraction of one plain backward (medians
+    of `repeats` timings of each, graphs built untimed): the input's gradient, then the weights'. The split is
+    torch's own (`stage_backward_input`, `stage_backward_weight` of torch.distributed.pipelining, which its
+    zero-bubble schedules run); where this torch lacks them, the input half is a gradient to the inputs alone and
+    the weight half the rest of a plain backward."""
+    try:
+        from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+    except ImportError:
+        stage_backward_input = stage_backward_weight = None
     params = [p for p in stage.parameters() if p.requires_grad]
     if not params:
-        return 1.0
-    timings = {"inputs": [], "all": []}
-    with torch.enable_grad(), frozen_running_stats(stage), preserved(wrt_inputs[0].device):
+        return 1.0, 0.0
+    timings = {"plain": [], "input": [], "weight": []}
+    with torch.enable_grad(), frozen_running_stats(stage), preserved(params[0].device):
         for _ in range(repeats + 1):  # the first of each untimed
-            for what, wrt in (("inputs", wrt_inputs), ("all", wrt_inputs + params)):
+            for split in (False, True):
+                leaves = detached(inputs, requires_grad=True)
+                wrt_inputs = [t for t in as_tuple(leaves) if t.requires_grad]
                 outputs = as_tuple(stage(leaves))
-                if last:
-                    outputs = (loss_fn(outputs[0], targets),)
+                # the loss, or copies as a pipeline stage sends them: torch's split detaches them in place
+                outputs = (loss_fn(outputs[0], targets),) if last else tuple(t.clone() for t in outputs)
                 seeds = [torch.ones_like(t) for t in outputs]
                 start = time.perf_counter()
-                torch.autograd.grad(outputs, wrt, seeds, allow_unused=True)
-                timings[what].append(time.perf_counter() - start)
-    share = statistics.median(timings["inputs"][1:]) / statistics.median(timings["all"][1:])
-    return min(1.0, share)
+                if not split:
+                    torch.autograd.grad(outputs, wrt_inputs + params, seeds, allow_unused=True)
+                    timings["plain"].append(time.perf_counter() - start)
+                elif stage_backward_input is None:
+                    torch.autograd.grad(outputs, wrt_inputs, seeds, allow_unused=True)
+                    timings["input"].append(time.perf_counter() - start)
+                else:
+                    _, groups = stage_backward_input(list(outputs), seeds, wrt_inputs, iter(params))
+                    middle = time.perf_counter()
+                    stage_backward_weight(iter(params), groups)
+                    timings["input"].append(middle - start)
+                    timings["weight"].append(time.perf_counter() - middle)
+                    for tensor in (*params, *wrt_inputs):
+                        tensor.grad = None
+    plain, first = (statistics.median(timings[key][1:]) for key in ("plain", "input"))
+    if stage_backward_input is None:
+        return min(1.0, first / plain), max(0.0, 1.0 - first / plain)
+    return first / plain, statistics.median(timings["weight"][1:]) / plain
 
 
 def auto_partition(stages: list[nn.Module], loss_fn: Callable, sample_batch, num_ranks: int, mode: Mode | str,

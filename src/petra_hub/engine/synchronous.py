@@ -113,9 +113,9 @@ def simulate_schedule(
     "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble", "ScheduleDualPipeV") on `world_size` ranks, the model's
     stages cut into the contiguous `chunks` (placed on ranks as the schedule places them), `micro_batches` per step,
     from the costs of `profile_stages(..., mode="backprop")` (a forward, and a backward through the graph it kept;
-    the split schedules also need `input_backward_s`). Checkpointed chunks ("all", or "but_last": all but the last)
-    run their forward again in their backward (in I where it is split, in W for the first chunk, whose I torch
-    skips). The engine's own time per tick (`overhead_s`) is not charged: torch's runtime is another program.
+    the split schedules also need `input_backward_s`, and take `weight_backward_s` where it was measured).
+    Checkpointed chunks ("all", or "but_last": all but the last) run their forward again in their backward (in I
+    where it is split, in W for the first chunk, whose I torch skips). The engine's own time per tick (`overhead_s`) is not charged: torch's runtime is another program.
 
     `overlap_transfers`: True, a message between ranks takes `latency` + bytes / `link_bandwidth` to arrive while
     both ranks go on computing (copy engines and NCCL on GPUs). False, the ranks also pay for it: the sender spends
@@ -166,7 +166,8 @@ class _ChunkCost:
     first_stage: int
     forward_s: float
     backward_s: float
-    input_backward_s: float  # the part of backward_s spent on the gradient of the chunk's input
+    input_backward_s: float  # a split backward's halves: the gradient of the chunk's input, then of its weights
+    weight_backward_s: float
     update_s: float
     sends_right: int
     sends_left: int
@@ -182,6 +183,8 @@ class _ChunkCost:
             forward_s=sum(c.forward_s for c in mine),
             backward_s=sum(c.backward_s for c in mine),
             input_backward_s=0.0 if group.start == 0 else sum(c.input_backward_s or 0.0 for c in mine),
+            weight_backward_s=sum(c.backward_s - (c.input_backward_s or 0.0) if c.weight_backward_s is None
+                                  else c.weight_backward_s for c in mine),
             update_s=sum(c.update_s for c in mine),
             sends_right=mine[-1].forward_bytes,
             sends_left=mine[0].backward_bytes,
@@ -302,7 +305,7 @@ def _seconds(op: Operation, cost: _ChunkCost, recomputes: bool) -> float:
         return cost.backward_s + again
     if op.kind == "I":
         return cost.input_backward_s + again
-    return cost.backward_s - cost.input_backward_s + again
+    return (cost.backward_s if op.chunk == 0 else cost.weight_backward_s) + again
 
 
 def _recomputation_runs_in(op: Operation) -> bool:
