@@ -2,6 +2,7 @@
 out by hand for uniform chunks (the 1F1B cases are in test_simulation.py)."""
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -80,6 +81,12 @@ def test_the_split_halves_add_up_to_the_backward_and_the_first_chunk_skips_its_i
     assert seconds["backward (weights)", False] == pytest.approx(steps * m * 3 * 3.0)
     assert seconds["backward (weights)", True] == pytest.approx(steps * m * 4.0)
     assert seconds["backward", True] == 0.0
+    # a measured weight half (torch's split walks the graph twice: I + W = 1.5 x B) replaces the rest of B
+    costs = [replace(c, weight_backward_s=1.0 * c.backward_s) for c in uniform(8, input_share=0.5)]
+    measured = simulate_schedule("ScheduleZBVZeroBubble", costs, Placement.balanced(8, 4), 2, 4)
+    weights = sum(e.end - e.start for e in measured.events if e.kind == "backward (weights)" and e.stage > 0)
+    assert weights == pytest.approx(steps * m * 3 * 4.0)
+    assert measured.time_per_micro_batch > chunked("ScheduleZBVZeroBubble", 2, 4, input_share=0.5).time_per_micro_batch
 
 
 def test_settings_torch_refuses_and_costs_without_the_split_are_refused():

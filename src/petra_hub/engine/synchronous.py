@@ -115,7 +115,8 @@ def simulate_schedule(
     from the costs of `profile_stages(..., mode="backprop")` (a forward, and a backward through the graph it kept;
     the split schedules also need `input_backward_s`, and take `weight_backward_s` where it was measured).
     Checkpointed chunks ("all", or "but_last": all but the last) run their forward again in their backward (in I
-    where it is split, in W for the first chunk, whose I torch skips). The engine's own time per tick (`overhead_s`) is not charged: torch's runtime is another program.
+    where it is split, in W for the first chunk, whose I torch skips). The engine's own time per tick
+    (`overhead_s`) is not charged: torch's runtime is another program.
 
     `overlap_transfers`: True, a message between ranks takes `latency` + bytes / `link_bandwidth` to arrive while
     both ranks go on computing (copy engines and NCCL on GPUs). False, the ranks also pay for it: the sender spends
