@@ -23,7 +23,8 @@ costs; `simulate_schedule` replays torch's multi-chunk schedules (`ScheduleInter
 without and with checkpointing, where the model has 2W stages and torch accepts the m. PETRA is predicted in three settings: one engine stage per model stage (J); on fewer devices than stages,
 one engine stage per device (each device's group of `Placement.auto` merged, profiled as merged), which holds less;
 and one engine stage per device keeping every graph it can (`keep_graphs`: each group that is not reversible and
-not last keeps its forward's graph instead of recomputing it), which spends memory on speed.
+not last keeps its forward's graph instead of recomputing it), which spends memory on speed; and in between, the
+devices keeping their graph where it fits a budget (the settings `memory_budget` gives, from the same profiles).
 Peak memory per device (`Simulation.peak_memory`): PETRA's stages' measured `held_bytes` plus the graph the largest
 operation builds; a rival's parameters, the micro-batches in flight and, checkpointed, the recomputation's graph
 (what the schedule needs), and beside it the same with the buffers torch 2.14 allocates around that (`buffers=
@@ -115,6 +116,24 @@ def predict_model(preset: str, quick: bool, rounds: int) -> dict:
         return simulate("petra", merged[tuple(sizes), keep], Placement.from_sizes([1] * len(sizes)), bandwidth,
                         latency)
 
+    def within_budgets(sizes: list[int], bandwidth: float, latency: float) -> list[dict]:
+        """One engine stage per device keeping graphs where they fit, as `memory_budget` does: for each budget
+        (each device's peak when it keeps its graph), the devices whose kept graph fits keep it, the others
+        recompute; the settings no other beats in both time and memory."""
+        recompute, keep = merged[tuple(sizes), False], merged[tuple(sizes), True]
+        keepable = set(jobs[tuple(sizes), True][1]["keep_graphs"])
+        settings = []
+        for budget in [-1, *sorted({keep[i].held_bytes for i in keepable})]:  # -1: none kept
+            kept = [i in keepable and keep[i].held_bytes <= budget for i in range(len(sizes))]
+            result = simulate("petra", [k if chosen else r for k, r, chosen in zip(keep, recompute, kept)],
+                              Placement.from_sizes([1] * len(sizes)), bandwidth, latency)
+            settings.append({"time_s": result.time_per_micro_batch, "peak_bytes": max(result.peak_memory),
+                             "kept": kept})
+        front = [a for a in settings if not any(
+            (b["time_s"], b["peak_bytes"]) != (a["time_s"], a["peak_bytes"])
+            and b["time_s"] <= a["time_s"] and b["peak_bytes"] <= a["peak_bytes"] for b in settings)]
+        return sorted({(a["peak_bytes"], a["time_s"]): a for a in front}.values(), key=lambda a: a["peak_bytes"])
+
     ideal = sum(c.compute_s for c in costs) / max(c.compute_s for c in costs)
     rows = []
     for name, (bandwidth, latency) in links().items():
@@ -134,6 +153,7 @@ def predict_model(preset: str, quick: bool, rounds: int) -> dict:
                              "time_s": coarse.time_per_micro_batch, "peak_bytes": max(coarse.peak_memory)},
                          "petra_per_device_kept": {"time_s": kept.time_per_micro_batch,
                                                    "peak_bytes": max(kept.peak_memory)},
+                         "petra_per_device_budgets": within_budgets(sizes, bandwidth, latency),
                          "rivals": rivals(plain_costs, devices, bandwidth, latency)})
             progress(f"{preset} {name:32s} {devices:2d} devices {rows[-1]['partition']}: PETRA "
                      f"{1e3 * petra.time_per_micro_batch:.0f} ms, naive {1e3 * naive.time_per_micro_batch:.0f} ms, "

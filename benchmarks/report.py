@@ -748,6 +748,51 @@ def predict_rivals_allocated(r, arg=None):
     return rivals_at_equal_memory(r, arg or "PCIe 4.0 x16", "torch_peak_bytes")
 
 
+def predict_equal_memory(r, arg=None):
+    """PREDICTED, the issue's goals at equal memory: at every memory level (each setting's peak), the fastest rival
+    within it against PETRA's fastest setting within it (PETRA's settings: the rivals table's, and one engine
+    stage per device keeping graphs within each budget, where the results have them); per device count, the lowest
+    such ratio over the levels where PETRA has a setting, against any rival and against checkpointed ones, with
+    each rival's peak as its schedule needs it and as torch allocates it."""
+    link = arg or "PCIe 4.0 x16"
+    rows = []
+    for preset, model in need(r, "models").items():
+        for row in need(model, "rows"):
+            if row["link"] != link:
+                continue
+            petra = [(row["petra_s"], row["petra_peak_bytes"])]
+            petra += [(row[key]["time_s"], row[key]["peak_bytes"])
+                      for key in ("petra_per_device", "petra_per_device_kept") if row.get(key)]  # fmt: skip
+            petra += [(x["time_s"], x["peak_bytes"]) for x in row.get("petra_per_device_budgets", [])]
+            cells = []
+            for peak_key in ("peak_bytes", "torch_peak_bytes"):
+                if not all(peak_key in x for x in row["rivals"]):
+                    cells += ["-", "-"]
+                    continue
+                rivals = [(x["time_s"], x[peak_key], x["checkpointing"] != "none") for x in row["rivals"]]
+                for checkpointed_only in (False, True):
+                    cells.append(worst_ratio_at_equal_memory(petra, [(t, b) for t, b, ckpt in rivals
+                                                                     if ckpt or not checkpointed_only]))
+            rows.append([preset.replace("revnet", "RevNet"), row["devices"], mib(min(b for _, b in petra)),
+                         mib(min(x["peak_bytes"] for x in row["rivals"])), *cells])
+    header = ["model", "devices", "PETRA's least peak MiB", "a rival's least (need)",
+              "vs fastest rival (need)", "vs fastest checkpointed (need)", "vs fastest rival (torch's allocation)",
+              "vs fastest checkpointed (torch's allocation)"]  # fmt: skip
+    return table(header, rows, "lrrrrrrr")
+
+
+def worst_ratio_at_equal_memory(petra: list[tuple], rivals: list[tuple]) -> str:
+    """min over memory levels M (every peak of either) of fastest rival within M / fastest PETRA within M, where
+    both have a setting within M; (seconds, peak bytes) pairs; "-" where no level has both."""
+    ratios = []
+    for level in sorted({b for _, b in petra + rivals}):
+        mine = [t for t, b in petra if b <= EQUAL_MEMORY * level]
+        theirs = [t for t, b in rivals if b <= EQUAL_MEMORY * level]
+        if mine and theirs:
+            ratios.append(min(theirs) / min(mine))
+    return f"**{min(ratios):.2f}x**" if ratios else "-"
+
+
 def rivals_at_equal_memory(r, link: str, peak_key: str):
     models = need(r, "models")
     if not all(peak_key in x for model in models.values() for row in model["rows"] for x in row["rivals"]):
@@ -993,7 +1038,7 @@ RENDERERS = {
     "kept_graphs": {"main": kept_graphs_main},
     "delay_sensitivity": {"main": delay_sensitivity_main},
     "predict": {"main": predict_main, "costs": predict_costs, "rivals": predict_rivals,
-                "rivals-allocated": predict_rivals_allocated},
+                "rivals-allocated": predict_rivals_allocated, "equal-memory": predict_equal_memory},
     "overhead": {"main": overhead_main},
     "messages": {"main": messages_main},
     "compile": {"main": from_benchmark("compile")},

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
@@ -44,8 +46,15 @@ def test_quick_predictions(tmp_path, report):
         assert by["all", ranks]["time_s"] > by["none", ranks]["time_s"]
         assert (row["petra_per_device"] is None) == (ranks == 10)
         kept = row["petra_per_device_kept"]  # graphs kept instead of recomputed: more memory, less time
+        budgets = row["petra_per_device_budgets"]  # keeping graphs where they fit: a front from none to all kept
+        lightest = row["petra_per_device"] or {"peak_bytes": row["petra_peak_bytes"]}
+        assert budgets[0]["peak_bytes"] <= 1.05 * lightest["peak_bytes"]  # none kept, or a setting as light
+        assert budgets[-1]["time_s"] <= 1.05 * kept["time_s"]  # every graph kept, or a setting as fast
+        assert all(a["peak_bytes"] < b["peak_bytes"] and a["time_s"] > b["time_s"] for a, b in zip(budgets, budgets[1:]))
         assert kept["peak_bytes"] > (row["petra_per_device"] or {"peak_bytes": row["petra_peak_bytes"]})["peak_bytes"]
     table = report.render("predict/rivals", tmp_path)
     # J = 10 on 2, 4, 5, 10 devices; one stage per device on 2, 4, 5; the same keeping graphs on all 4
     assert table.count("| RevNet18 |") == 4 + 3 + 4
     assert report.render("predict/rivals-allocated", tmp_path).count("| RevNet18 |") == 4 + 3 + 4
+    goals = report.render("predict/equal-memory", tmp_path)
+    assert goals.count("| RevNet18 |") == 4 and goals.count("x** |") == 4 * 4

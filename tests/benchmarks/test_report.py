@@ -123,3 +123,13 @@ def test_fidelity_tables_average_seeds_by_epoch(report):
     assert main[2].startswith("| 0 | 0.550 / 0.550 / 0.900 | 0.550 / 0.550 / 0.900")
     summary = report.fidelity_summary(result).splitlines()
     assert summary[2].endswith("| 50.0% |")  # seed 0: PETRA closer (0.5 > 0.4); seed 1: not (0.6 < 0.7)
+
+
+def test_equal_memory_takes_the_worst_level_where_both_have_a_setting(report):
+    # (seconds, bytes). At 90 B only a rival runs; at 100 B the rival is 1.2x slower than PETRA (1.2 / 1.0); at
+    # 300 B PETRA's second setting makes it 2.4x; at 400 B a rival at 0.4 s beats PETRA's 0.5 s: 0.8x, the worst
+    petra, rivals = [(1.0, 100), (0.5, 300)], [(1.2, 90), (0.4, 400)]
+    assert report.worst_ratio_at_equal_memory(petra, rivals) == "**0.80x**"
+    assert report.worst_ratio_at_equal_memory(petra, rivals[:1]) == "**1.20x**"
+    # a rival holding more than PETRA is still compared at its own level, where PETRA's lighter setting runs too
+    assert report.worst_ratio_at_equal_memory([(1.0, 100)], [(0.4, 400)]) == "**0.40x**"
