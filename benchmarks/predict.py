@@ -20,7 +20,7 @@ device count, without checkpointing, checkpointed, and checkpointed on every chu
 micro-batches per step (4W: GPipe's rule for a negligible bubble), each on the `Placement.auto` split of its own
 costs; `simulate_schedule` replays torch's multi-chunk schedules (`ScheduleInterleaved1F1B`,
 `ScheduleInterleavedZeroBubble`, `ScheduleZBVZeroBubble`, `ScheduleDualPipeV`) in torch's own order on 2W chunks,
-without and with checkpointing, where the model has 2W stages and torch accepts the m. PETRA is predicted in three settings: one engine stage per model stage (J); on fewer devices than stages,
+without and with checkpointing, where the model has 2W stages and torch accepts the m. PETRA is predicted in four settings: one engine stage per model stage (J); on fewer devices than stages,
 one engine stage per device (each device's group of `Placement.auto` merged, profiled as merged), which holds less;
 and one engine stage per device keeping every graph it can (`keep_graphs`: each group that is not reversible and
 not last keeps its forward's graph instead of recomputing it), which spends memory on speed; and in between, the
