@@ -760,9 +760,7 @@ def predict_equal_memory(r, arg=None):
         for row in need(model, "rows"):
             if row["link"] != link:
                 continue
-            petra = [(row["petra_s"], row["petra_peak_bytes"])]
-            petra += [(row[key]["time_s"], row[key]["peak_bytes"])
-                      for key in ("petra_per_device", "petra_per_device_kept") if row.get(key)]  # fmt: skip
+            petra = [(seconds, peak) for _, seconds, peak in petra_settings(model, row)]
             petra += [(x["time_s"], x["peak_bytes"]) for x in row.get("petra_per_device_budgets", [])]
             cells = []
             for peak_key in ("peak_bytes", "torch_peak_bytes"):
@@ -779,6 +777,16 @@ def predict_equal_memory(r, arg=None):
               "vs fastest rival (need)", "vs fastest checkpointed (need)", "vs fastest rival (torch's allocation)",
               "vs fastest checkpointed (torch's allocation)"]  # fmt: skip
     return table(header, rows, "lrrrrrrr")
+
+
+def petra_settings(model: dict, row: dict) -> list[tuple[str, float, int]]:
+    """(label, seconds, peak bytes) of each PETRA setting of a predict row that the rivals tables list."""
+    settings = [(f"one stage per model stage (J = {model['num_stages']})", row["petra_s"], row["petra_peak_bytes"])]
+    for key, label in (("petra_per_device", "one engine stage per device"),
+                       ("petra_per_device_kept", "one engine stage per device, every graph kept")):
+        if row.get(key):
+            settings.append((label, row[key]["time_s"], row[key]["peak_bytes"]))
+    return settings
 
 
 def worst_ratio_at_equal_memory(petra: list[tuple], rivals: list[tuple]) -> str:
@@ -805,15 +813,7 @@ def rivals_at_equal_memory(r, link: str, peak_key: str):
             rivals = [(f"{x.get('schedule', 'Schedule1F1B')} {RIVAL_CHECKPOINTING[x['checkpointing']]}, m = {x['m']}",
                        x[peak_key], x["time_s"], x["checkpointing"] != "none")
                       for x in need(row, "rivals")]  # fmt: skip
-            settings = [(f"one stage per model stage (J = {model['num_stages']})", row["petra_s"],
-                         row["petra_peak_bytes"])]
-            if row.get("petra_per_device"):
-                coarse = row["petra_per_device"]
-                settings.append(("one engine stage per device", coarse["time_s"], coarse["peak_bytes"]))
-            if row.get("petra_per_device_kept"):
-                kept = row["petra_per_device_kept"]
-                settings.append(("one engine stage per device, every graph kept", kept["time_s"], kept["peak_bytes"]))
-            for label, seconds, peak in settings:
+            for label, seconds, peak in petra_settings(model, row):
                 rows.append([preset.replace("revnet", "RevNet"), row["devices"], label, ms(seconds), mib(peak),
                              *fastest([x for x in rivals if x[1] <= EQUAL_MEMORY * peak], seconds),
                              *fastest([x for x in rivals if x[3]], seconds, peak_column=False),

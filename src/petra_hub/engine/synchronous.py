@@ -150,16 +150,12 @@ def simulate_1f1b(
     placement: Placement,
     micro_batches: int,
     checkpointing: Checkpointing = "none",
-    link_bandwidth: float | None = None,
-    latency: float = 0.0,
-    steps: int = 4,
-    *,
-    overlap_transfers: bool = True,
-    buffers: Buffers = "needed",
+    **options,
 ) -> Simulation:
-    """torch's `Schedule1F1B` (one chunk per rank: `placement`'s groups): `simulate_schedule`'s simplest case."""
+    """torch's `Schedule1F1B` (one chunk per rank: `placement`'s groups): `simulate_schedule`'s simplest case, with
+    its keyword `options` (link_bandwidth, latency, steps, overlap_transfers, buffers)."""
     return simulate_schedule(ONE_F_ONE_B, costs, placement, len(placement.groups), micro_batches, checkpointing,
-                             link_bandwidth, latency, steps, overlap_transfers=overlap_transfers, buffers=buffers)
+                             **options)
 
 
 @dataclass(frozen=True)
