@@ -1,12 +1,14 @@
-"""Kept graphs: what PETRA gains in time and pays in memory when its recomputing stages keep their forward's graph.
+"""Kept graphs: what PETRA gains in time and pays in memory when its stages keep their forward's graph.
 
     python benchmarks/kept_graphs.py            # RevNet18 at the recipe widths, 32x32, micro-batch 32 (~6 min)
     python benchmarks/kept_graphs.py --quick    # tiny widths and windows (~20 s): kept_graphs-quick.json
 
 One process, one thread, all stages of the pipeline in it. Methods, timed in interleaved windows of N micro-batches
 at the steady state (medians over the repetitions): PETRA recomputing (the paper), PETRA with the graphs that fit a
-memory budget halfway between the two (`memory_budget`), PETRA keeping every graph it can (`keep_graphs`), and the
-engine's `backprop` mode (plain backprop through the stages) as the reference. Memory: the activation and weight-copy
+memory budget halfway between that and every graph kept (`memory_budget`), PETRA keeping the graphs of the stages
+that store their input (`keep_graphs`: stem and downsampling blocks), PETRA keeping every stage's graph (the
+reversible ones then skip their reconstruction), and the engine's `backprop` mode (plain backprop through the
+stages) as the reference. Memory: the activation and weight-copy
 bytes the stages hold between ticks (`Pipeline.memory()`), the largest seen. Discussion: docs/benchmarks-throughput.md.
 """
 
@@ -32,10 +34,10 @@ import torch  # noqa: E402
 from common import add_out_argument, build_model, feed, load_average, make_pipeline, progress  # noqa: E402
 from common import random_batches, results_path, revnet_config, write_results  # noqa: E402
 from petra_hub.engine import Mode  # noqa: E402
-from petra_hub.engine.graph_budget import recomputing_stages  # noqa: E402
+from petra_hub.engine.graph_budget import keepable_stages, recomputing_stages  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH, RECIPE_WIDTH  # noqa: E402
 
-METHODS = ("backprop", "petra", "petra_budget", "petra_kept")
+METHODS = ("backprop", "petra", "petra_budget", "petra_kept", "petra_all_kept")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -70,12 +72,13 @@ def main(argv=None) -> dict:
         return make_pipeline(build_model(config).get_stages(), mode, lr=0.01, **options)
 
     engines = {"backprop": pipeline("backprop"), "petra": pipeline("petra"),
-               "petra_kept": pipeline("petra", keep_graphs=candidates)}
+               "petra_kept": pipeline("petra", keep_graphs=candidates),
+               "petra_all_kept": pipeline("petra", keep_graphs=keepable_stages(stages, Mode.PETRA))}
     held = {}
-    for name in ("petra", "petra_kept"):  # fill, and read what the steady state holds
+    for name in ("petra", "petra_kept", "petra_all_kept"):  # fill, and read what the steady state holds
         feed(engines[name], batches, 2 * len(stages))
         held[name] = held_bytes(engines[name])
-    budget = (held["petra"] + held["petra_kept"]) // 2
+    budget = (held["petra"] + held["petra_all_kept"]) // 2
     engines["petra_budget"] = pipeline("petra", memory_budget=budget, profile_batch=batches[0])
     feed(engines["petra_budget"], batches, 2 * len(stages))
     feed(engines["backprop"], batches, 3)

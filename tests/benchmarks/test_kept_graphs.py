@@ -14,9 +14,12 @@ def test_quick_run(tmp_path, report):
                     "--micro-batches", "2", "--out", str(out)], check=True, capture_output=True, timeout=300)
     result = json.loads(out.read_text())
     assert result["recomputing"] == [0, 3, 5, 7] and result["kept"]["petra_kept"] == [0, 3, 5, 7]
-    assert result["kept"]["petra"] == [] and set(result["kept"]["petra_budget"]) < {0, 3, 5, 7}
+    assert result["kept"]["petra_all_kept"] == list(range(9))
+    assert result["kept"]["petra"] == [] and set() < set(result["kept"]["petra_budget"]) < set(range(9))
     held = result["held_bytes"]
-    assert held["backprop"] == 0 < held["petra"] < held["petra_kept"]
+    assert held["backprop"] == 0 < held["petra"] < held["petra_kept"] < held["petra_all_kept"]
     assert held["petra"] <= held["petra_budget"] <= result["budget_bytes"]  # the budget counts what memory() reads
     assert all(value > 0 for value in result["median_s"].values())
-    assert "PETRA, every graph kept | 0, 3, 5, 7 |" in report.render("kept_graphs/main", tmp_path)
+    table = report.render("kept_graphs/main", tmp_path)
+    assert "PETRA, stored-input stages' graphs kept | 0, 3, 5, 7 |" in table
+    assert "PETRA, every stage's graph kept | 0, 1, 2, 3, 4, 5, 6, 7, 8 |" in table

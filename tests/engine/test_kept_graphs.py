@@ -1,6 +1,7 @@
-"""Kept graphs: a stage that would recompute its forward in the backward keeps the forward's graph instead, chosen by
-index or by a memory budget per rank. References: the delayed mode's recomputation with stashed weights (the same
-gradient), the fidelity probes' plain-autograd stashed-weight gradient, and the engine's own memory accounting."""
+"""Kept graphs: a stage that would recompute its forward in the backward (from its stored input, or from the input
+it rebuilds by inversion) keeps the forward's graph instead, chosen by index or by a memory budget per rank.
+References: the delayed mode's recomputation with stashed weights (the same gradient), the fidelity probes'
+plain-autograd stashed-weight gradient, the handshake's message layouts, and the engine's own memory accounting."""
 
 import copy
 
@@ -8,14 +9,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from petra_hub.engine import Mode, Pipeline
-from petra_hub.engine.graph_budget import recomputing_stages
+from petra_hub.engine import Mode, Pipeline, profile_stages
+from petra_hub.engine.graph_budget import keepable_stages, recomputing_stages
 from petra_hub.engine.tensors import as_tuple
 from petra_hub.testing.models import small_model
 from petra_hub.testing.ranks import run_ranks
 from tests.engine.test_fidelity import batches_for, sgd, snapshots
 
 STEM_AND_DOWNSAMPLING = [0, 3, 5, 7]  # small RevNet18: S R R D R D R D R H
+ALL_BUT_HEAD = list(range(9))
 
 
 def forward_calls(stages):
@@ -42,6 +44,8 @@ def test_the_stages_that_recompute_are_the_non_reversible_ones_but_the_last():
     assert recomputing_stages(stages, Mode.PETRA) == STEM_AND_DOWNSAMPLING
     assert recomputing_stages(stages, Mode.DELAYED) == list(range(9))  # no reconstruction: every stage but the head
     assert recomputing_stages(stages, Mode.BACKPROP) == []
+    assert keepable_stages(stages, Mode.PETRA) == keepable_stages(stages, Mode.DELAYED) == ALL_BUT_HEAD
+    assert keepable_stages(stages, Mode.BACKPROP) == []
 
 
 def test_in_the_delayed_mode_a_kept_graph_trains_exactly_what_recomputing_trains():
@@ -59,6 +63,36 @@ def test_in_the_delayed_mode_a_kept_graph_trains_exactly_what_recomputing_trains
     # one evaluation each in the start-up dry run, then two per micro-batch recomputing, one keeping the graph
     assert calls[:9] == [1 + 2 * 24] * 9 and kept_calls[:9] == [1 + 24] * 9
     assert calls[9] == kept_calls[9] == 1 + 24  # the head: forward and backward in one operation either way
+
+
+def test_under_petra_reversible_stages_that_keep_their_graph_skip_their_reconstruction():
+    """Every stage keeping its graph under PETRA takes the gradient of its forward's weights at each stage: what the
+    delayed mode computes by recomputing at its stashed weights. One evaluation per micro-batch, no inverse run."""
+    delayed, _, _ = train(Mode.DELAYED)
+    kept, pipeline, calls = train(Mode.PETRA, keep_graphs=ALL_BUT_HEAD)
+    assert pipeline.kept_graphs == set(ALL_BUT_HEAD)
+    assert not any(worker.reconstructs for worker in pipeline.workers.values())
+    for (name, a), b in zip(delayed.state_dict().items(), kept.state_dict().values()):
+        if a.is_floating_point():
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-12, msg=name)
+        else:
+            assert torch.equal(a, b), name
+    assert calls == [1 + 24] * 10
+    petra, _, _ = train(Mode.PETRA)  # reconstructing at the current weights trains something else
+    assert max((a - b).abs().max() for a, b in zip(petra.parameters(), kept.parameters())) > 1e-6
+
+
+def test_a_stage_sends_back_no_input_to_a_reversible_stage_that_kept_its_graph():
+    """The backward message to a reconstructing stage carries its output (for the inversion) beside the gradient;
+    to a stage that kept its graph, the gradient alone: half the bytes."""
+    model = small_model("revnet18", seed=3)
+    sample = batches_for(model.config, 1)[0]
+    reconstructing = profile_stages(model.get_stages(), sample, repeats=1, warmup=0)
+    kept = profile_stages(model.get_stages(), sample, repeats=1, warmup=0, keep_graphs=[1])
+    assert reconstructing[2].backward_bytes == 2 * kept[2].backward_bytes > 0
+    assert [c.backward_bytes for i, c in enumerate(reconstructing) if i != 2] == \
+        [c.backward_bytes for i, c in enumerate(kept) if i != 2]
+    assert kept[1].held_bytes > reconstructing[1].held_bytes  # its graphs, for the micro-batches in flight
 
 
 def test_under_petra_a_kept_stage_takes_the_gradient_of_its_forward_weights():
@@ -100,7 +134,7 @@ def test_kept_graphs_hold_what_the_budget_counted():
     batches = batches_for(model.config, 20)
     images, labels = batches[0]
     held = {}
-    for name, options in [("none", {}), ("all", {"keep_graphs": STEM_AND_DOWNSAMPLING})]:
+    for name, options in [("none", {}), ("all", {"keep_graphs": ALL_BUT_HEAD})]:
         pipeline = Pipeline(copy.deepcopy(model).get_stages(), F.cross_entropy, optimizer_factory=sgd, **options)
         for step_images, step_labels in batches:
             pipeline.step(step_images, step_labels)
@@ -110,21 +144,21 @@ def test_kept_graphs_hold_what_the_budget_counted():
     assert held["all"] > held["none"]
     everything = Pipeline(copy.deepcopy(model).get_stages(), F.cross_entropy, memory_budget=held["all"],
                           profile_batch=(images, labels))
-    assert everything.kept_graphs == set(STEM_AND_DOWNSAMPLING)
+    assert everything.kept_graphs == set(ALL_BUT_HEAD)
     assert Pipeline(copy.deepcopy(model).get_stages(), F.cross_entropy, memory_budget=held["none"],
                     profile_batch=(images, labels)).kept_graphs == set()
     between = (held["none"] + held["all"]) // 2
     some = Pipeline(copy.deepcopy(model).get_stages(), F.cross_entropy, memory_budget=between,
                     profile_batch=(images, labels)).kept_graphs
-    assert set() < some < set(STEM_AND_DOWNSAMPLING)
+    assert set() < some < set(ALL_BUT_HEAD)
 
 
 def test_bad_choices_are_refused_with_the_reason():
     stages = small_model("revnet18").get_stages()
-    with pytest.raises(ValueError, match="stage 1 has no forward to spare in mode 'petra'"):
-        Pipeline(stages, F.cross_entropy, keep_graphs=[0, 1])
-    with pytest.raises(ValueError, match="stage 9 has no forward to spare"):
-        Pipeline(stages, F.cross_entropy, keep_graphs=[9])
+    with pytest.raises(ValueError, match="stage 9 cannot keep its graph in mode 'petra'"):
+        Pipeline(stages, F.cross_entropy, keep_graphs=[0, 9])
+    with pytest.raises(ValueError, match="stage 1 cannot keep its graph in mode 'backprop'"):
+        Pipeline(stages, F.cross_entropy, mode="backprop", keep_graphs=[1])
     with pytest.raises(ValueError, match="not both"):
         Pipeline(stages, F.cross_entropy, keep_graphs=[0], memory_budget=10)
     with pytest.raises(ValueError, match="needs a sample micro-batch"):
@@ -133,8 +167,13 @@ def test_bad_choices_are_refused_with_the_reason():
         Pipeline(stages, F.cross_entropy, memory_budget=-1, profile_batch=(None, None))
 
 
+# the stem, a downsampling stage, and reversible stages on both sides of the 5 | 5 split (stage 5 must not send
+# stage 4 its input back)
+KEPT_ACROSS_THE_SPLIT = [0, 1, 4, 7, 8]
+
+
 def _kept_graph_run(rank, world_size):
-    model, pipeline, _ = train(Mode.PETRA, keep_graphs=STEM_AND_DOWNSAMPLING, timeout=60)
+    model, pipeline, _ = train(Mode.PETRA, keep_graphs=KEPT_ACROSS_THE_SPLIT, timeout=60)
     stages = model.get_stages()
     return {index: [p.detach().clone() for p in stages[index].parameters()] for index in pipeline.local}
 

@@ -3,13 +3,17 @@
 what to recompute.
 
 A stage that does not rebuild its input by inversion (a non-reversible stage, or any stage in a mode without
-reconstruction) stores its input and runs its forward again in the backward. Keeping the graph spares that second
-forward and holds the graph's saved tensors (and, in a pipelined mode, a copy of the weights) instead of the input,
-for every micro-batch in flight at that stage. The budget counts, per rank, the activation bytes the local stages
-hold at the steady state between ticks (what `Pipeline.memory()` reports): what the mode holds anyway (stored
-inputs) plus, for each kept graph, its graph and weight copy minus the input it replaces. Graphs are kept smallest
-extra cost first, while the total fits. Within a tick a stage briefly holds one micro-batch more (the forward runs
-before the backward), which the budget leaves out as the memory readings do.
+reconstruction) stores its input and runs its forward again in the backward; a reversible stage under PETRA stores
+nothing and runs its inverse and its forward again. Keeping the graph spares that second evaluation and holds the
+graph's saved tensors (and, in a pipelined mode, a copy of the weights) instead, for every micro-batch in flight at
+that stage. Any stage but the last may keep its graph (the last one's forward and backward are one operation).
+
+The budget counts, per rank, the activation bytes the rank's stages hold at the steady state between ticks (what
+`Pipeline.memory()` reports): what the mode holds anyway (stored inputs) plus, for each kept graph, its graph and
+weight copy minus the input it replaces. Graphs are kept smallest extra cost first, while the total fits. Within a
+tick a stage briefly holds one micro-batch more (the forward runs before the backward), which the budget leaves out
+as the memory readings do. Every rank works out every rank's choice from the same measurements, so a stage's
+neighbours know whether it still needs its output sent back for reconstruction.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from .randomness import preserved
 from .schedule import Schedule
 from .tensors import Activation, as_tuple
 
-__all__ = ["kept_graphs", "recomputing_stages", "stage_inputs"]
+__all__ = ["keepable_stages", "kept_graphs", "recomputing_stages", "stage_inputs"]
 
 
 def recomputing_stages(stages: list[nn.Module], mode: Mode) -> list[int]:
@@ -38,47 +42,58 @@ def recomputing_stages(stages: list[nn.Module], mode: Mode) -> list[int]:
             if not (mode.reconstructs and getattr(stage, "reversible", False))]
 
 
+def keepable_stages(stages: list[nn.Module], mode: Mode) -> list[int]:
+    """The stages that can keep their graph in `mode`: every stage but the last, unless the mode keeps every
+    graph anyway (`backprop`)."""
+    return [] if mode.keeps_graph else list(range(len(stages) - 1))
+
+
 def kept_graphs(
     stages: list[nn.Module],
     mode: Mode,
-    local: Sequence[int],
+    groups: Sequence[Sequence[int]],
     keep_graphs: Sequence[int] | None = None,
     memory_budget: int | None = None,
     sample_inputs: Activation | None = None,
 ) -> set[int]:
-    """The local stages that keep their graph: `keep_graphs` as given (checked), or those that fit `memory_budget`
-    bytes per rank, measured on `sample_inputs` (one micro-batch of the pipeline's input)."""
-    candidates = recomputing_stages(stages, mode)
+    """The stages, on every rank, that keep their graph: `keep_graphs` as given (checked), or those that fit
+    `memory_budget` bytes on each rank (`groups`: the stages of each rank), measured on `sample_inputs` (one
+    micro-batch of the pipeline's input)."""
+    candidates = keepable_stages(stages, mode)
     if keep_graphs is not None and memory_budget is not None:
         raise ValueError("give keep_graphs or memory_budget, not both")
     if keep_graphs is not None:
         wrong = [index for index in keep_graphs if index not in candidates]
         if wrong:
-            raise ValueError(f"keep_graphs: stage {wrong[0]} has no forward to spare in mode {mode.value!r} (it "
-                             f"rebuilds its input, is the last stage, or does not exist); stages that recompute: "
+            raise ValueError(f"keep_graphs: stage {wrong[0]} cannot keep its graph in mode {mode.value!r} (it is the "
+                             f"last stage, the mode keeps every graph, or it does not exist); stages that can: "
                              f"{candidates}")
-        return set(keep_graphs) & set(local)
+        return set(keep_graphs)
     if memory_budget is None:
         return set()
     if memory_budget < 0:
         raise ValueError(f"memory_budget must be >= 0 bytes, got {memory_budget}")
     if sample_inputs is None:
         raise ValueError("memory_budget needs a sample micro-batch (profile_batch) to measure the graphs on")
+    if not candidates:
+        return set()
     schedule = Schedule(len(stages), mode.pipelined)
-    inputs = stage_inputs(stages, sample_inputs, max(local))
-    held, extras = 0, []
-    with preserved(as_tuple(sample_inputs)[0].device):  # dropout in a measured forward draws nothing for training
-        for index in (i for i in local if i in candidates):
-            count = schedule.in_flight(index) if mode.pipelined else 1
-            stored = nbytes(as_tuple(inputs[index]))
-            held += count * stored
-            copy = sum(p.nbytes for p in stages[index].parameters() if p.requires_grad) if mode.pipelined else 0
-            extras.append((count * (graph_bytes(stages[index], inputs[index]) + copy - stored), index))
+    inputs = stage_inputs(stages, sample_inputs, max(candidates))
+    recomputing = set(recomputing_stages(stages, mode))
     kept = set()
-    for extra, index in sorted(extras):
-        if held + extra <= memory_budget:
-            held += extra
-            kept.add(index)
+    with preserved(as_tuple(sample_inputs)[0].device):  # dropout in a measured forward draws nothing for training
+        for group in groups:
+            held, extras = 0, []
+            for index in (i for i in group if i in candidates):
+                count = schedule.in_flight(index) if mode.pipelined else 1
+                stored = nbytes(as_tuple(inputs[index])) if index in recomputing else 0
+                held += count * stored
+                copy = sum(p.nbytes for p in stages[index].parameters() if p.requires_grad) if mode.pipelined else 0
+                extras.append((count * (graph_bytes(stages[index], inputs[index]) + copy - stored), index))
+            for extra, index in sorted(extras):
+                if held + extra <= memory_budget:
+                    held += extra
+                    kept.add(index)
     return kept
 
 

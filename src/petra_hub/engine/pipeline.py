@@ -75,8 +75,9 @@ class Pipeline(Readings):
         weight_prediction: h > 0 runs each forward at the stage's weights extrapolated along its last update over h
             times the updates before the matching backward (see `prediction`); 0 (default): off.
         keep_graphs / memory_budget: stages that keep their forward's graph instead of recomputing it in the
-            backward (their gradient is then that of their forward's weights), given as indexes, or the ones that
-            fit `memory_budget` bytes of activations per rank, measured on `profile_batch` (see `graph_budget`).
+            backward (a reversible one then skips its reconstruction; the gradient is that of the forward's
+            weights), given as indexes (any stage but the last), or the ones that fit `memory_budget` bytes of
+            activations per rank, measured on `profile_batch` (see `graph_budget`).
 
     Every rank calls `step` with the same micro-batches in the same order (rank 0 uses the inputs, the rank of
     the last stage uses the targets), and `end_group` and `drain` at the same points. An exception inside an
@@ -158,9 +159,10 @@ class Pipeline(Readings):
                 self._global_ranks, group, timeout, self.placement.describe, self.device or torch.device("cpu"))
 
         self.trace = Trace(dist.get_rank() if distributed else 0) if trace else None
-        self.kept_graphs = kept_graphs(self.stages, self.mode, self.local, keep_graphs, memory_budget,
+        self.kept_graphs = kept_graphs(self.stages, self.mode, self.placement.groups, keep_graphs, memory_budget,
                                        profile_batch[0] if profile_batch is not None else None)
-        reconstructs = [self.mode.reconstructs and bool(getattr(s, "reversible", False)) for s in self.stages]
+        reconstructs = [self.mode.reconstructs and bool(getattr(s, "reversible", False)) and i not in self.kept_graphs
+                        for i, s in enumerate(self.stages)]
         self.router = Router(
             self.rank, self.local, len(self.stages), reconstructs, self.schedule, self.transport, self.precision.messages
         )

@@ -39,8 +39,8 @@ class StageWorker:
 
     Weight prediction (off by default): forwards run at the weights extrapolated to the backward (see `prediction`).
 
-    Kept graphs (`keep_graph`, off by default): a stage that would store its input and recompute its forward in the
-    backward keeps the forward's graph instead. In a pipelined mode the graph is built on a copy of the weights (the
+    Kept graphs (`keep_graph`, off by default): a stage that would recompute its forward in the backward (from its
+    stored input, or from the input it rebuilds by inversion) keeps the forward's graph instead. In a pipelined mode the graph is built on a copy of the weights (the
     optimizer updates the stage's own in between), so its gradient is that of the forward's weights, as with weight
     stashing.
     """
@@ -72,10 +72,10 @@ class StageWorker:
         self.mode = mode
         self.is_first = index == 0
         self.is_last = index == num_stages - 1
-        self.reconstructs = mode.reconstructs and bool(getattr(stage, "reversible", False))
+        self.keeps_graph = mode.keeps_graph or keep_graph
+        self.reconstructs = mode.reconstructs and bool(getattr(stage, "reversible", False)) and not self.keeps_graph
         if self.reconstructs and not (hasattr(stage, "inverse") and hasattr(stage, "reconstruct_and_backward")):
             raise ValueError(f"stage {index} is marked reversible but lacks inverse / reconstruct_and_backward")
-        self.keeps_graph = mode.keeps_graph or (keep_graph and not self.reconstructs)
         self.accumulation_steps = accumulation_steps
         self.optimizer = optimizer
         self.scheduler = scheduler

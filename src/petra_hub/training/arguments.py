@@ -89,8 +89,9 @@ class PetraTrainingArguments(TrainingArguments):
     )
     petra_memory_budget: str | None = field(
         default=None,
-        metadata={"help": "Activation memory per process (bytes, or with a unit: 512MB, 2GiB) within which the stages "
-                          "that recompute their forward keep its graph instead, smallest first (off by default)."},
+        metadata={"help": "Activation memory per process (bytes, or with a unit: 512MB, 2GiB) within which stages keep "
+                          "their forward's graph instead of recomputing it or rebuilding their input, smallest first "
+                          "(off by default)."},
     )
     petra_gradient_fidelity_steps: int = field(
         default=0,

@@ -315,7 +315,7 @@ def summarize_trainer(trainer, output_dir: str, **card_kwargs) -> TrainingSummar
             f"forwards at the weights extrapolated over {args.petra_weight_prediction:g} x each stage's delay")
     if args.petra_memory_budget:
         extra["Memory budget per process (petra_memory_budget)"] = (
-            f"{args.petra_memory_budget}: recomputing stages keep their forward graphs where they fit")
+            f"{args.petra_memory_budget}: stages keep their forward graphs where they fit")
     if args.petra_delay_lr_warmup:
         extra["Delay-aware warm-up (petra_delay_lr_warmup)"] = f"{args.petra_delay_lr_warmup:g}"
     processor = {} if facts.from_registry else _processor_convention(trainer.processing_class)

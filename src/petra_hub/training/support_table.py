@@ -325,7 +325,7 @@ TRAINING_ARGUMENT_SUPPORT: dict[str, FieldSupport] = {
         "each stage starts at lr / (its delay in updates) and reaches lr after this many steps (or fraction; 0: off)"
     ),
     "petra_memory_budget": _honoured(
-        "activation bytes per process within which recomputing stages keep their forward's graph instead (off)"
+        "activation bytes per process within which stages keep their forward's graph instead of recomputing it (off)"
     ),
     "petra_gradient_fidelity_steps": _honoured(
         "every N steps, per-stage gradient fidelity against the end-to-end and stashed-weight gradients (0: off)"
