@@ -20,11 +20,14 @@ device count, without checkpointing, checkpointed, and checkpointed on every chu
 micro-batches per step (4W: GPipe's rule for a negligible bubble), each on the `Placement.auto` split of its own
 costs; `simulate_schedule` replays torch's multi-chunk schedules (`ScheduleInterleaved1F1B`,
 `ScheduleInterleavedZeroBubble`, `ScheduleZBVZeroBubble`, `ScheduleDualPipeV`) in torch's own order on 2W chunks,
-without and with checkpointing, where the model has 2W stages and torch accepts the m. PETRA is predicted in four settings: one engine stage per model stage (J); on fewer devices than stages,
-one engine stage per device (each device's group of `Placement.auto` merged, profiled as merged), which holds less;
-and one engine stage per device keeping every graph it can (`keep_graphs`: each group that is not reversible and
-not last keeps its forward's graph instead of recomputing it), which spends memory on speed; and in between, the
-devices keeping their graph where it fits a budget (the settings `memory_budget` gives, from the same profiles).
+without and with checkpointing, where the model has 2W stages and torch accepts the m. PETRA is predicted in four
+settings: one engine stage per model stage (J); on fewer devices than stages, one engine stage per device (each
+device's group of `Placement.auto` merged, profiled as merged), which holds less; one engine stage per device
+keeping every graph it can (`keep_graphs`: each group but the last keeps its forward's graph instead of recomputing
+it or rebuilding its input), which spends memory on speed; and in between, the devices keeping their graph where it
+fits a budget (the settings `memory_budget` gives, from the same profiles). The kept graphs are profiled in passes
+that each keep some groups' graphs, at most `--kept-memory` bytes of them together (all at once, they would not fit
+this machine's memory), each group's kept costs taken from its pass.
 Peak memory per device (`Simulation.peak_memory`): PETRA's stages' measured `held_bytes` plus the graph the largest
 operation builds; a rival's parameters, the micro-batches in flight and, checkpointed, the recomputation's graph
 (what the schedule needs), and beside it the same with the buffers torch 2.14 allocates around that (`buffers=
@@ -55,7 +58,9 @@ import torch  # noqa: E402
 from common import RESULTS, add_out_argument, build_model, cross_entropy, progress, random_batches  # noqa: E402
 from common import results_path, revnet_config, write_results  # noqa: E402
 from petra_hub.engine import Mode, Placement, merge_stages, profile_stages, simulate, simulate_schedule  # noqa: E402
-from petra_hub.engine.graph_budget import recomputing_stages  # noqa: E402
+from petra_hub.engine.accounting import graph_bytes  # noqa: E402
+from petra_hub.engine.graph_budget import keepable_stages, stage_inputs  # noqa: E402
+from petra_hub.engine.schedule import Schedule  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH  # noqa: E402
 from rivals import SCHEDULES  # noqa: E402
 
@@ -91,7 +96,24 @@ def median_profiles(jobs: dict, sample, rounds: int) -> dict:
             for key, profiled in runs.items()}  # fmt: skip
 
 
-def predict_model(preset: str, quick: bool, rounds: int) -> dict:
+def kept_passes(groups: list, sample_inputs, memory: int) -> list[list[int]]:
+    """The groups that can keep their graph, split into runs of consecutive groups whose kept graphs (and weight
+    copies), for every micro-batch in flight at each, add up to at most `memory` bytes (a group over it alone)."""
+    schedule = Schedule(len(groups), pipelined=True)
+    inputs = stage_inputs(groups, sample_inputs, len(groups) - 1)
+    passes, total = [[]], 0
+    for index in keepable_stages(groups, Mode.PETRA):
+        weights = sum(p.nbytes for p in groups[index].parameters())
+        extra = schedule.in_flight(index) * (graph_bytes(groups[index], inputs[index]) + weights)
+        if passes[-1] and total + extra > memory:
+            passes.append([])
+            total = 0
+        passes[-1].append(index)
+        total += extra
+    return [chosen for chosen in passes if chosen]
+
+
+def predict_model(preset: str, quick: bool, rounds: int, kept_memory: int) -> dict:
     """Profile `preset` here and simulate it on every device count of its J and every link."""
     batch = 8 if quick else 64
     config = revnet_config(preset, width=QUICK_WIDTH if quick else None, stem="cifar", num_labels=10)
@@ -104,13 +126,23 @@ def predict_model(preset: str, quick: bool, rounds: int) -> dict:
     costs, naive_costs, plain_costs = base["petra"], base["reversible_backprop"], base["backprop"]
     splits = {tuple(map(len, Placement.auto(costs, devices, link_bandwidth=bandwidth, latency=2 * latency).groups))
               for bandwidth, latency in links().values() for devices in DEVICES[len(stages)]}  # fmt: skip
-    jobs = {}  # one engine stage per device, recomputing and keeping every graph it can
+    jobs, passes = {}, {}  # one engine stage per device, recomputing, and keeping graphs pass by pass
     for sizes in splits:
         grouped = merge_stages(build_model(config).get_stages(), list(sizes))
-        jobs[sizes, False] = (grouped, {})
-        jobs[sizes, True] = (grouped, {"keep_graphs": recomputing_stages(grouped, Mode.PETRA)})
-    progress(f"profiling {preset} as one engine stage per device: {sorted(splits)}")
-    merged = median_profiles(jobs, sample, rounds)
+        jobs[sizes, None] = (grouped, {})
+        passes[sizes] = kept_passes(grouped, sample[0], kept_memory)
+        for number, kept in enumerate(passes[sizes]):
+            jobs[sizes, number] = (grouped, {"keep_graphs": kept})
+    progress(f"profiling {preset} as one engine stage per device: {sorted(splits)}, the kept graphs in "
+             f"{sum(map(len, passes.values()))} passes of at most {kept_memory / 2**30:.1f} GiB")
+    profiled = median_profiles(jobs, sample, rounds)
+    merged = {}  # (sizes, keep) -> the groups' costs, recomputing or keeping every graph it can
+    for sizes in splits:
+        merged[sizes, False] = profiled[sizes, None]
+        merged[sizes, True] = kept = list(profiled[sizes, None])
+        for number, chosen in enumerate(passes[sizes]):
+            for index in chosen:
+                kept[index] = profiled[sizes, number][index]
 
     def one_stage_per_device(sizes: list[int], bandwidth: float, latency: float, keep: bool = False):
         return simulate("petra", merged[tuple(sizes), keep], Placement.from_sizes([1] * len(sizes)), bandwidth,
@@ -121,7 +153,7 @@ def predict_model(preset: str, quick: bool, rounds: int) -> dict:
         (each device's peak when it keeps its graph), the devices whose kept graph fits keep it, the others
         recompute; the settings no other beats in both time and memory."""
         recompute, keep = merged[tuple(sizes), False], merged[tuple(sizes), True]
-        keepable = set(jobs[tuple(sizes), True][1]["keep_graphs"])
+        keepable = {index for chosen in passes[tuple(sizes)] for index in chosen}
         settings = []
         for budget in [-1, *sorted({keep[i].held_bytes for i in keepable})]:  # -1: none kept
             kept = [i in keepable and keep[i].held_bytes <= budget for i in range(len(sizes))]
@@ -170,7 +202,8 @@ def predict_model(preset: str, quick: bool, rounds: int) -> dict:
     return {"widths": list(config.hidden_sizes), "micro_batch": batch, "num_stages": len(stages),
             "stage_costs": [vars(c) for c in costs], "naive_stage_costs": [vars(c) for c in naive_costs],
             "plain_stage_costs": [vars(c) for c in plain_costs],
-            "ideal_one_stage_per_device": ideal, "rows": rows, "hundredfold_faster_devices": fast}
+            "ideal_one_stage_per_device": ideal, "rows": rows, "hundredfold_faster_devices": fast,
+            "kept_graph_passes": {"-".join(map(str, sizes)): chosen for sizes, chosen in passes.items()}}
 
 
 def rivals(costs, devices: int, bandwidth: float, latency: float) -> list[dict]:
@@ -208,6 +241,9 @@ def main(argv=None) -> dict:
                         help="presets to predict (default: all three; RevNet18 with --quick)")
     parser.add_argument("--rounds", type=int, default=None,
                         help="profiles of every setting, interleaved, medians taken (default 3; quick: 1)")
+    parser.add_argument("--kept-memory", type=float, default=4.0,
+                        help="GiB of kept graphs one profile may hold: the groups keep their graphs in as many "
+                             "passes as that takes (default 4)")
     add_out_argument(parser, "predict")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -215,8 +251,12 @@ def main(argv=None) -> dict:
     rounds = args.rounds or (1 if args.quick else 3)
     if rounds < 1:
         parser.error(f"--rounds must be at least 1, got {rounds}")
-    models = {preset: predict_model(preset, args.quick, rounds) for preset in presets}
-    settings = {"models": presets, "image_size": 32, "quick": args.quick, "threads": 1, "rounds": rounds}
+    if args.kept_memory <= 0:
+        parser.error(f"--kept-memory must be positive, got {args.kept_memory}")
+    kept_memory = int(args.kept_memory * 2**30)
+    models = {preset: predict_model(preset, args.quick, rounds, kept_memory) for preset in presets}
+    settings = {"models": presets, "image_size": 32, "quick": args.quick, "threads": 1, "rounds": rounds,
+                "kept_memory_bytes": kept_memory}
     return write_results(results_path(args.out, "predict", args.quick), "predict", "predict.py", argv, settings,
                          prediction=True, models=models, paper_table5=PAPER_TABLE5)
 

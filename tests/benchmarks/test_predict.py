@@ -12,12 +12,18 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 def test_quick_predictions(tmp_path, report):
     out = tmp_path / "predict.json"
-    subprocess.run([sys.executable, str(BENCHMARKS / "predict.py"), "--quick", "--out", str(out)], check=True,
-                   capture_output=True, timeout=300)
+    # kept graphs of at most 1 MiB per profile: one pass per group on 10 devices (each holds more), fewer on 2
+    subprocess.run([sys.executable, str(BENCHMARKS / "predict.py"), "--quick", "--kept-memory", str(2**-10),
+                    "--out", str(out)], check=True, capture_output=True, timeout=300)
     result = json.loads(out.read_text())
     assert result["prediction"] is True and list(result["models"]) == ["revnet18"]
     model = result["models"]["revnet18"]
     assert len(model["stage_costs"]) == 10
+    passes = model["kept_graph_passes"]
+    assert passes["1-1-1-1-1-1-1-1-1-1"] == [[index] for index in range(9)]  # every group but the head's, one by one
+    for sizes, chosen in passes.items():  # each pass a run of consecutive groups; together all but the last
+        flat = [index for kept in chosen for index in kept]
+        assert flat == list(range(len(sizes.split("-")) - 1)), sizes
     for row in model["rows"]:
         assert sum(row["partition"]) == 10 and len(row["partition"]) == row["devices"]
         assert row["speedup"] == row["naive_s"] / row["petra_s"] > 1
