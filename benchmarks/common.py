@@ -84,6 +84,14 @@ def parse_groups(spec: str) -> tuple[list[int], list[int]]:
     return [size for rank in ranks for size in rank], [len(rank) for rank in ranks]
 
 
+def parse_kept_groups(spec: str) -> tuple[list[int], list[int], list[int]]:
+    """"1,2k/7" -> ([1, 2, 7], [2, 1], [1]): `parse_groups`, and the engine stages marked "k", which keep their
+    forward's graph (`keep_graphs`). Raises ValueError on anything else."""
+    marked = [group.endswith("k") for rank in spec.split("/") for group in rank.split(",")]
+    groups, stages_per_rank = parse_groups(spec.replace("k", ""))
+    return groups, stages_per_rank, [index for index, kept in enumerate(marked) if kept]
+
+
 def feed(pipeline: Pipeline, batches, count: int, offset: int = 0) -> None:
     """`count` steps, with micro-batches `offset`, `offset + 1`, ... of `batches` (cycled)."""
     for index in range(offset, offset + count):

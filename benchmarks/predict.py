@@ -38,6 +38,7 @@ checked against torch's measured peaks by benchmarks/simulator.py).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import statistics
@@ -84,6 +85,15 @@ def links() -> dict[str, tuple[float, float]]:
 TIMES = ("forward_s", "backward_s", "update_s", "overhead_s")  # the StageCost fields a profile times
 
 
+def release_freed_memory() -> None:
+    """Hand the pages the last profile freed back to the kernel. glibc keeps them otherwise, and a run that profiles
+    dozens of pipelines, some holding gigabytes of graphs, grows towards the sum of their high-water marks."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: its allocator decides
+        pass
+
+
 def median_profiles(jobs: dict, sample, rounds: int) -> dict:
     """{key: (stages, profile_stages options)} profiled `rounds` times, interleaved (every key once a round, so that
     the machine's drift spreads over all of them), each stage's times the median of the rounds."""
@@ -91,6 +101,7 @@ def median_profiles(jobs: dict, sample, rounds: int) -> dict:
     for _ in range(rounds):
         for key, (stages, options) in jobs.items():
             runs[key].append(profile_stages(stages, sample, cross_entropy, repeats=3, warmup=1, **options))
+            release_freed_memory()
     return {key: [replace(cost, **{f: statistics.median(getattr(run[i], f) for run in profiled) for f in TIMES})
                   for i, cost in enumerate(profiled[0])]
             for key, profiled in runs.items()}  # fmt: skip

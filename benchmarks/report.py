@@ -253,15 +253,19 @@ def petra_groupings(r) -> dict[str, dict]:
     return multi_process(r)["info"].get("petra_groups", {})
 
 
-def groups_spec(groups: list[int], stages_per_rank: list[int]) -> str:
-    """([1, 2, 7], [2, 1]) -> "1,2/7": engine stage sizes, ranks separated by "/" (as `--petra-groups` takes them)."""
+def groups_spec(groups: list[int], stages_per_rank: list[int], kept: list[int] = ()) -> str:
+    """([1, 2, 7], [2, 1], [1]) -> "1,2k/7": engine stage sizes, ranks separated by "/", k on the stages keeping
+    their graph (as `--petra-groups` takes them)."""
+    sizes = [f"{size}{'k' if index in kept else ''}" for index, size in enumerate(groups)]
     bounds = [sum(stages_per_rank[:rank]) for rank in range(len(stages_per_rank) + 1)]
-    return "/".join(",".join(map(str, groups[a:b])) for a, b in zip(bounds, bounds[1:]))
+    return "/".join(",".join(sizes[a:b]) for a, b in zip(bounds, bounds[1:]))
 
 
 def grouping_label(grouping: dict) -> str:
-    sizes = groups_spec(grouping["groups"], grouping["partition"])
-    return f"PETRA, engine stages {' '.join(grouping['layout'])} (groups {sizes}), steady state"
+    kept = grouping.get("kept", [])
+    sizes = groups_spec(grouping["groups"], grouping["partition"], kept)
+    keeping = f", engine stage {', '.join(map(str, kept))} keeping its graph" if kept else ""
+    return f"PETRA, engine stages {' '.join(grouping['layout'])} (groups {sizes}{keeping}), steady state"
 
 
 def method_labels(r) -> dict[str, str]:
@@ -511,6 +515,25 @@ def throughput_equal_memory(r, arg=None):
               "fastest setting within PETRA's memory", "its peak (MiB)", "ms / micro-batch", "PETRA time / its time",
               "fastest setting, any memory", "its peak (MiB)", "ms / micro-batch", "PETRA time / its time"]  # fmt: skip
     return table(header, rows, "llrrrlrrr")
+
+
+def throughput_goals(r, arg=None):
+    """The issue's goals at equal memory, measured: at every memory level (each setting's largest-rank peak), the
+    fastest torch schedule within it against PETRA's fastest setting within it; the lowest ratio over the levels
+    where both have a setting, against every schedule and against the checkpointed ones."""
+    records = rival_records(r)
+    if records is None:
+        return NOT_MEASURED
+    f = figures(r)
+    petra = [(f["med"][name], rival_peak(r, name)) for name in ("petra", *petra_groupings(r))]
+    rivals = [(need(f["med"], x["key"]), rival_peak(r, x), x["checkpointed"]) for x in records
+              if x["status"] == "measured"]  # fmt: skip
+    row = [mib(min(b for _, b in petra)), mib(min(b for _, b, _ in rivals)),
+           worst_ratio_at_equal_memory(petra, [(t, b) for t, b, _ in rivals]),
+           worst_ratio_at_equal_memory(petra, [(t, b) for t, b, checkpointed in rivals if checkpointed])]
+    header = ["PETRA's least peak (MiB, largest rank)", "a torch schedule's least", "vs fastest torch schedule",
+              "vs fastest checkpointed torch schedule"]
+    return table(header, [row], "rrrr")
 
 
 def fastest(candidates: list[tuple], seconds: float, peak_column: bool = True) -> list[str]:
@@ -1033,6 +1056,7 @@ RENDERERS = {
         "rivals": throughput_rivals,
         "equal-memory": throughput_equal_memory,
         "petra-settings": throughput_petra_settings,
+        "goals": throughput_goals,
     },
     "accuracy_digits": {"summary": accuracy_summary, "main": accuracy_main, "table4": accuracy_table4},
     "fidelity": {"main": fidelity_main, "summary": fidelity_summary},

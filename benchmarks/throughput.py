@@ -38,7 +38,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from common import add_out_argument, build_model, cross_entropy, feed, load_average, make_pipeline  # noqa: E402
-from common import parse_groups, progress, random_batches, results_path, revnet_config, sgd, tensors_of  # noqa: E402
+from common import parse_kept_groups, progress, random_batches, results_path, revnet_config, sgd, tensors_of  # noqa: E402
 from common import write_results  # noqa: E402
 from rivals import SCHEDULES, build_rivals, chunk_layout, contiguous_split, pipeline_peak  # noqa: E402
 from rivals import Part  # noqa: E402, F401 (timeline.py imports it from here)
@@ -74,7 +74,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--petra-groups", nargs="*", default=None,
         help="PETRA settings with coarser engine stages, each the group sizes of every rank: ranks separated by '/', "
              "groups by ','; e.g. 1,2/7 (rank 0: the stem, then two blocks as one stage; rank 1: the other 7 blocks "
-             "as one stage). Default for 2 processes: 1,2/7 4/6; none otherwise",
+             "as one stage); a group ending in k keeps its forward's graph (keep_graphs), e.g. 5k/5. Default for 2 "
+             "processes: 1,2/7 4/6; none otherwise",
     )  # fmt: skip
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--quick", action="store_true", help="tiny model and windows: a smoke test of the script")
@@ -93,10 +94,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.petra_groups is None:
         args.petra_groups = DEFAULT_PETRA_GROUPS if args.num_processes == 2 else []
     try:
-        groupings = [parse_groups(spec) for spec in args.petra_groups]
+        groupings = [parse_kept_groups(spec) for spec in args.petra_groups]
     except ValueError:
-        parser.error(f"--petra-groups: expected group sizes like 1,2/7, got {args.petra_groups}")
-    if any(len(stages_per_rank) != args.num_processes for _, stages_per_rank in groupings):
+        parser.error(f"--petra-groups: expected group sizes like 1,2/7 or 5k/5, got {args.petra_groups}")
+    if any(len(stages_per_rank) != args.num_processes for _, stages_per_rank, _ in groupings):
         parser.error(f"--petra-groups: every setting needs {args.num_processes} ranks ('/'-separated), got "
                      f"{args.petra_groups}")  # fmt: skip
     asked = {"all": list(SCHEDULES), "none": []}.get(args.rivals, [r for r in args.rivals.split(",") if r])
@@ -237,9 +238,9 @@ def bare_exchange(rank, numel: int, copies: int, repeats: int = 20) -> float:
     return statistics.median(times)
 
 
-def engine_peak(settings, mode, partition, batches, groups=None) -> int:
+def engine_peak(settings, mode, partition, batches, groups=None, **options) -> int:
     """Activation memory at its peak (`rivals.pipeline_peak`) on a fresh pipeline."""
-    return pipeline_peak(engine(settings, mode, groups, partition=partition), batches)
+    return pipeline_peak(engine(settings, mode, groups, partition=partition, **options), batches)
 
 
 def multi_process_job(rank, world_size, settings, partition, boundary_numel, copies, layout):
@@ -257,16 +258,17 @@ def multi_process_job(rank, world_size, settings, partition, boundary_numel, cop
     peaks = {mode: all_values(engine_peak(settings, mode, partition, batches))
              for mode in ("petra", "reversible_backprop", "backprop")}  # fmt: skip
     # PETRA with coarser engine stages: {name: (group sizes, stages per rank)}
-    grouped = {grouping_name(spec): parse_groups(spec) for spec in settings.petra_groups}
-    for name, (groups, stages_per_rank) in grouped.items():
-        peaks[name] = all_values(engine_peak(settings, "petra", stages_per_rank, batches, groups))
+    grouped = {grouping_name(spec): parse_kept_groups(spec) for spec in settings.petra_groups}
+    for name, (groups, stages_per_rank, kept) in grouped.items():
+        peaks[name] = all_values(engine_peak(settings, "petra", stages_per_rank, batches, groups, keep_graphs=kept))
 
     # engine pipelines, one per method, each with its own copy of the model: "petra" and the grouped settings run
     # continuously (steady state), "petra_drain" goes from empty to drained in every window
     modes = {"petra": "petra", "petra_drain": "petra"} | {mode: mode for mode in ("reversible_backprop", "backprop")}
     engines = {name: engine(settings, mode, partition=partition) for name, mode in modes.items()}
-    for name, (groups, stages_per_rank) in grouped.items():
-        modes[name], engines[name] = "petra", engine(settings, "petra", groups, partition=stages_per_rank)
+    for name, (groups, stages_per_rank, kept) in grouped.items():
+        modes[name], engines[name] = "petra", engine(settings, "petra", groups, partition=stages_per_rank,
+                                                     keep_graphs=kept)
     steady = ["petra", *grouped]
     fed = dict.fromkeys(engines, 0)
 
@@ -337,9 +339,9 @@ def multi_process_job(rank, world_size, settings, partition, boundary_numel, cop
             if not counters.forwards == counters.backwards == counters.updates == fed[name]:
                 raise RuntimeError(f"{name}, stage {index}: {counters} after {fed[name]} micro-batches")
     info["local_stages"] = list(petra.placement.groups[rank])
-    info["petra_groups"] = {name: {"groups": groups, "partition": stages_per_rank,
+    info["petra_groups"] = {name: {"groups": groups, "partition": stages_per_rank, "kept": kept,
                                    "layout": stage_layout(engines[name].stages)}
-                            for name, (groups, stages_per_rank) in grouped.items()}  # fmt: skip
+                            for name, (groups, stages_per_rank, kept) in grouped.items()}  # fmt: skip
     return {"times": dict(results), "exchange": dict(exchange), "cpu": dict(cpu), "faults": dict(faults), "info": info,
             "rivals": records}  # fmt: skip
 
@@ -353,7 +355,7 @@ def main(argv=None) -> dict:
     progress(f"{os.cpu_count()} CPUs, torch {torch.__version__}, load average {loads[0]}")
     model_stages = len(revnet18(settings).get_stages())
     for spec in settings.petra_groups:  # before any work
-        if sum(parse_groups(spec)[0]) != model_stages:
+        if sum(parse_kept_groups(spec)[0]) != model_stages:
             raise SystemExit(f"--petra-groups {spec}: the group sizes must add up to the {model_stages} stages")
     started = time.time()
     env = {} if settings.default_malloc else STABLE_MALLOC_ENV

@@ -28,7 +28,8 @@ def quick_run(tmp_path_factory):
     import it by its module name."""
     out = tmp_path_factory.mktemp("throughput") / "throughput-quick.json"
     command = [sys.executable, str(BENCHMARKS / "throughput.py"), "--quick", "--repeats", "1", "--micro-batches", "4",
-               "--batch", "2", "--image-size", "8", "--pp-microbatches", "4", "--out", str(out)]  # fmt: skip
+               "--batch", "2", "--image-size", "8", "--pp-microbatches", "4",
+               "--petra-groups", "1,2/7", "4/6", "5k/5", "--out", str(out)]  # fmt: skip
     subprocess.run(command, check=True, capture_output=True, timeout=300)
     return json.loads(out.read_text())
 
@@ -61,11 +62,14 @@ def test_every_rival_is_timed_and_measured_with_and_without_checkpointing(quick_
 
 def test_engine_modes_measured_with_the_same_method(quick_run):
     peaks, info = quick_run["multi"]["info"]["activation_peak_bytes"], quick_run["multi"]["info"]
-    grouped = {"petra_groups_1,2/7": ("SRH", [1, 2, 7], [2, 1]), "petra_groups_4/6": ("SH", [4, 6], [1, 1])}
+    grouped = {"petra_groups_1,2/7": ("SRH", [1, 2, 7], [2, 1], []), "petra_groups_4/6": ("SH", [4, 6], [1, 1], []),
+               "petra_groups_5k/5": ("SH", [5, 5], [1, 1], [0])}
     assert set(peaks) == {"petra", "reversible_backprop", "backprop", *grouped}
-    for name, (layout, groups, partition) in grouped.items():  # PETRA on coarser engine stages (--petra-groups)
-        assert info["petra_groups"][name] == {"groups": groups, "partition": partition, "layout": layout}
+    for name, (layout, groups, partition, kept) in grouped.items():  # PETRA on coarser engine stages (--petra-groups)
+        assert info["petra_groups"][name] == {"groups": groups, "partition": partition, "layout": layout, "kept": kept}
         assert len(quick_run["multi"]["times"][name]) == 1
+    # rank 0 keeping its group's graphs holds more than storing its input (4/6: 3 images) and recomputing
+    assert peaks["petra_groups_5k/5"][0] > peaks["petra_groups_4/6"][0]
     assert all(len(p) == 2 and min(p) > 0 for p in peaks.values())
     # the measurement sees PETRA's input FIFOs (engine accounting) and more: the messages in flight, the
     # recomputation; only the images (allocated before) are not in it
@@ -88,11 +92,13 @@ def test_chunk_layouts_cover_every_stage_once(quick_run):
 def test_report_renders_the_rivals_and_equal_memory(quick_run, report, tmp_path):
     (tmp_path / "throughput-quick.json").write_text(json.dumps(quick_run))
     rows = {name: report.render(f"throughput-quick/{name}", tmp_path).splitlines()
-            for name in ("chunks", "rivals", "equal-memory", "petra-settings")}  # fmt: skip
+            for name in ("chunks", "rivals", "equal-memory", "petra-settings", "goals")}  # fmt: skip
     assert len(rows["chunks"]) == 2 + 4
-    assert len(rows["rivals"]) == 2 + 5 + 11 and rows["rivals"][2].startswith("| PETRA")
+    assert len(rows["rivals"]) == 2 + 6 + 11 and rows["rivals"][2].startswith("| PETRA")
     assert len(rows["equal-memory"]) == 2 + 2 + 5
-    assert len(rows["petra-settings"]) == 2 + 3 and "S R H (groups 1,2/7)" in rows["petra-settings"][3]
+    assert len(rows["petra-settings"]) == 2 + 4 and "S R H (groups 1,2/7)" in rows["petra-settings"][3]
+    assert "S H (groups 5k/5, engine stage 0 keeping its graph)" in rows["petra-settings"][5]
+    assert len(rows["goals"]) == 3 and rows["goals"][2].count("x** |") == 2
     for table in ("equal-memory", "petra-settings"):
         assert all(row.count("|") == rows[table][0].count("|") for row in rows[table])
     # results written before the rivals still render, with a note instead of the new tables
