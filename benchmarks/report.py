@@ -695,9 +695,9 @@ def fidelity_summary(r, arg=None):
 
 # -- simulator -------------------------------------------------------------------------------------------------------
 def split_label(row: dict) -> str:
-    """A simulator row's stages per rank: "4,6", or the engine stages' groups "1,2/7"."""
+    """A simulator row's stages per rank: "4,6", or the engine stages' groups "1,2/7" ("4k/6": keeping its graph)."""
     groups, partition = row.get("groups"), row["partition"]
-    return groups_spec(groups, partition) if groups else ",".join(map(str, partition))
+    return groups_spec(groups, partition, row.get("kept", [])) if groups else ",".join(map(str, partition))
 
 
 def simulator_main(r, arg=None):

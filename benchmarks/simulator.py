@@ -46,7 +46,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from common import add_out_argument, build_model, cross_entropy, feed, make_pipeline, progress  # noqa: E402
-from common import parse_groups, random_batches, results_path, revnet_config, write_results  # noqa: E402
+from common import parse_kept_groups, random_batches, results_path, revnet_config, write_results  # noqa: E402
 from petra_hub.engine import Mode, Placement, StageCost, merge_stages, profile_stages, simulate  # noqa: E402
 from petra_hub.engine import simulate_schedule  # noqa: E402
 from rivals import SCHEDULES, NotApplicable, Rival, chunk_layout, chunk_owner, measure_fresh  # noqa: E402
@@ -69,16 +69,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--groups", nargs="+", default=None,
         help="instead of the 3 partitions of the model's stages: coarser engine stages, each the group sizes per rank "
-             "(ranks separated by '/', groups by ','), e.g. 1,2/7 4/6",
+             "(ranks separated by '/', groups by ','), e.g. 1,2/7 4/6; a group ending in k keeps its graph: 4k/6",
     )  # fmt: skip
     parser.add_argument("--quick", action="store_true")
     add_out_argument(parser, "simulator")
     args = parser.parse_args(argv)
     try:
-        args.groups = [parse_groups(spec) for spec in args.groups or []]
+        args.groups = [parse_kept_groups(spec) for spec in args.groups or []]
     except ValueError:
         parser.error(f"--groups: expected group sizes like 1,2/7, got {args.groups}")
-    if any(len(stages_per_rank) != 2 for _, stages_per_rank in args.groups):
+    if any(len(stages_per_rank) != 2 for _, stages_per_rank, _ in args.groups):
         parser.error("--groups: every setting needs 2 ranks ('/'-separated)")
     if args.modes is None:
         args.modes = ["petra", "backprop"] if args.quick else Mode.names()
@@ -87,8 +87,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.micro_batches = args.micro_batches or (4 if args.quick else 12)
     args.width = QUICK_WIDTH if args.quick else RECIPE_WIDTH
     args.batch = 8 if args.quick else 32
-    # (group sizes or None, stages per rank): the 3 partitions of the model's own stages, or the --groups
-    args.settings = [(None, p) for p in (PARTITIONS[:1] if args.quick else PARTITIONS)]
+    # (group sizes or None, stages per rank, engine stages keeping their graph): the 3 partitions of the model's
+    # own stages, or the --groups
+    args.settings = [(None, p, []) for p in (PARTITIONS[:1] if args.quick else PARTITIONS)]
     if args.groups:
         args.settings = args.groups
     return args
@@ -125,10 +126,11 @@ def link(rank: int, repeats: int = 20) -> tuple[float, float]:
     return statistics.median(samples) / 2, bandwidth
 
 
-def profile_on_every_rank(stages, sample, mode: str, world_size: int) -> list[StageCost]:
+def profile_on_every_rank(stages, sample, mode: str, world_size: int, **options) -> list[StageCost]:
     """Every rank profiles the stages at once, so that each timing sees the other process using the machine as it
-    will during the run (the 2 cores share caches and memory bandwidth); the timings are averaged over the ranks."""
-    mine = profile_stages(stages, sample, cross_entropy, mode=mode)
+    will during the run (the 2 cores share caches and memory bandwidth); the timings are averaged over the ranks.
+    `options` go to `profile_stages` (e.g. `keep_graphs`)."""
+    mine = profile_stages(stages, sample, cross_entropy, mode=mode, **options)
     everyone = [None] * world_size
     dist.all_gather_object(everyone, mine)
     timed = ("forward_s", "backward_s", "update_s", "overhead_s")
@@ -148,16 +150,17 @@ def job(rank, world_size, settings):
         return merge_stages(model_stages, groups or len(model_stages))
 
     for mode in settings.modes:
-        profiled = {}  # group sizes -> costs
-        for groups, partition in settings.settings:
-            key = tuple(groups or ())
+        profiled = {}  # (group sizes, kept) -> costs
+        for groups, partition, kept in settings.settings:
+            key = tuple(groups or ()), tuple(kept)
             if key not in profiled:
-                profiled[key] = profile_on_every_rank(stages(groups), batches[0], mode, world_size)
+                profiled[key] = profile_on_every_rank(stages(groups), batches[0], mode, world_size, keep_graphs=kept)
             costs = profiled[key]
             if groups is None and mode not in auto:
                 chosen = Placement.auto(costs, world_size, link_bandwidth=bandwidth, latency=2 * latency)
                 auto[mode] = [len(group) for group in chosen.groups]
-            pipeline = make_pipeline(stages(groups), mode, lr=0.01, partition=partition, timeout=600)
+            pipeline = make_pipeline(stages(groups), mode, lr=0.01, partition=partition, timeout=600,
+                                     keep_graphs=kept)
             peak = pipeline_peak(pipeline, batches)
             feed(pipeline, batches, pipeline.schedule.latency if pipeline.mode.pipelined else 2)
             windows = slowest_rank_windows(lambda: feed(pipeline, batches, settings.micro_batches),
@@ -165,7 +168,7 @@ def job(rank, world_size, settings):
             pipeline.drain()
             predicted = simulate(mode, costs, Placement.from_sizes(partition), link_bandwidth=bandwidth,
                                  latency=latency)
-            rows.append(compared(mode, partition, groups, windows, peak, predicted, costs, world_size))
+            rows.append(compared(mode, partition, groups, windows, peak, predicted, costs, world_size) | {"kept": kept})
             if rank == 0:
                 progress(f"{mode:20s} {groups or ''} {partition}: {summary(rows[-1])}")
     if settings.rival_microbatches:
@@ -227,7 +230,7 @@ def rival_rows(rank, world_size, settings, stages, batches, latency, bandwidth) 
     for schedule in settings.rival_schedules:
         torch_class, _, style, _ = SCHEDULES[schedule]
         if schedule == "1f1b":
-            runs += [(schedule, torch_class, "1f1b", c, partition) for _, partition in settings.settings
+            runs += [(schedule, torch_class, "1f1b", c, partition) for _, partition, _ in settings.settings
                      for c in CHECKPOINTING]  # fmt: skip
         else:
             layout = chunk_layout([c.compute_s for c in costs], settings.settings[0][1], world_size)

@@ -24,16 +24,18 @@ def test_quick_run_writes_predictions_beside_measurements(tmp_path):
 
 
 def test_grouped_stages_are_profiled_and_simulated_as_grouped(tmp_path, report):
-    """--groups: PETRA on coarser engine stages, each grouping profiled as grouped; the report names the groups."""
+    """--groups: PETRA on coarser engine stages, each grouping profiled as grouped (and keeping its graph, k); the
+    report names the groups."""
     out = tmp_path / "simulator_groups.json"
     subprocess.run([sys.executable, str(BENCHMARKS / "simulator.py"), "--quick", "--modes", "petra", "--groups",
-                    "1,2/7", "4/6", "--out", str(out)], check=True, capture_output=True, timeout=300)  # fmt: skip
+                    "1,2/7", "4/6", "4k/6", "--out", str(out)], check=True, capture_output=True, timeout=300)  # fmt: skip
     result = json.loads(out.read_text())
-    rows = [(row["groups"], row["partition"]) for row in result["rows"]]
-    assert rows == [([1, 2, 7], [2, 1]), ([4, 6], [1, 1])]
+    rows = [(row["groups"], row["partition"], row["kept"]) for row in result["rows"]]
+    assert rows == [([1, 2, 7], [2, 1], []), ([4, 6], [1, 1], []), ([4, 6], [1, 1], [0])]
     assert all(row["measured_s"] > 0 and row["predicted_s"] > 0 for row in result["rows"])
+    assert result["rows"][2]["measured_peak_bytes"][0] > result["rows"][1]["measured_peak_bytes"][0]  # graphs held
     table = report.render("simulator_groups/main", tmp_path)
-    assert "| petra | 1,2/7 |" in table and "| petra | 4/6 |" in table
+    assert "| petra | 1,2/7 |" in table and "| petra | 4/6 |" in table and "| petra | 4k/6 |" in table
 
 
 def test_torch_schedules_are_measured_beside_their_simulation(tmp_path, report):

@@ -168,21 +168,27 @@ def test_bad_choices_are_refused_with_the_reason():
 
 
 # the stem, a downsampling stage, and reversible stages on both sides of the 5 | 5 split (stage 5 must not send
-# stage 4 its input back)
+# stage 4 its input back); or a budget every graph fits, which each rank works out for the other's stages
 KEPT_ACROSS_THE_SPLIT = [0, 1, 4, 7, 8]
+ROOMY = {"memory_budget": 2**30}
 
 
-def _kept_graph_run(rank, world_size):
-    model, pipeline, _ = train(Mode.PETRA, keep_graphs=KEPT_ACROSS_THE_SPLIT, timeout=60)
+def _kept_graph_run(rank, world_size, options):
+    model, pipeline, _ = train(Mode.PETRA, timeout=60, **options)
     stages = model.get_stages()
-    return {index: [p.detach().clone() for p in stages[index].parameters()] for index in pipeline.local}
+    return sorted(pipeline.kept_graphs), {index: [p.detach().clone() for p in stages[index].parameters()]
+                                          for index in pipeline.local}
 
 
-def test_two_processes_train_what_one_process_trains(tmp_path):
+@pytest.mark.parametrize("options", [{"keep_graphs": KEPT_ACROSS_THE_SPLIT}, ROOMY], ids=["given", "budget"])
+def test_two_processes_train_what_one_process_trains(tmp_path, options):
     torch.set_num_threads(1)
-    expected = _kept_graph_run(0, 1)
-    outcome, codes, _ = run_ranks(_kept_graph_run, 2, out_dir=tmp_path, deadline=150)
+    if options is ROOMY:
+        options = ROOMY | {"profile_batch": batches_for(small_model("revnet18").config, 1)[0]}
+    kept, expected = _kept_graph_run(0, 1, options)
+    outcome, codes, _ = run_ranks(_kept_graph_run, 2, options, out_dir=tmp_path, deadline=150)
     assert codes == [0, 0], [r.get("traceback") for r in outcome if r]
-    trained = {index: weights for result in outcome for index, weights in result["value"].items()}
+    assert kept == outcome[0]["value"][0] == outcome[1]["value"][0] == options.get("keep_graphs", ALL_BUT_HEAD)
+    trained = {index: weights for result in outcome for index, weights in result["value"][1].items()}
     assert sorted(trained) == list(range(10))
     assert all(torch.equal(a, b) for index in expected for a, b in zip(trained[index], expected[index]))
