@@ -93,6 +93,8 @@ def test_a_stage_sends_back_no_input_to_a_reversible_stage_that_kept_its_graph()
     assert [c.backward_bytes for i, c in enumerate(reconstructing) if i != 2] == \
         [c.backward_bytes for i, c in enumerate(kept) if i != 2]
     assert kept[1].held_bytes > reconstructing[1].held_bytes  # its graphs, for the micro-batches in flight
+    # its backward builds no graph: what it holds is all a simulation adds up for it (not one graph more)
+    assert kept[1].graph_bytes == 0 < reconstructing[1].graph_bytes
 
 
 def test_under_petra_a_kept_stage_takes_the_gradient_of_its_forward_weights():

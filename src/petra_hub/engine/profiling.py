@@ -42,7 +42,9 @@ class StageCost:
     held_bytes: int  # peak bytes held for pending backwards, waiting messages and gradients, plus its parameters
     overhead_s: float = 0.0  # the engine's own time per tick (routing, bookkeeping), an equal share per stage
     parameter_bytes: int = 0  # its parameters' share of held_bytes
-    graph_bytes: int = 0  # what autograd keeps for one micro-batch's forward, output included: what a backward builds
+    # what autograd keeps for one micro-batch's forward, output included: what a backward builds (0 where a pipelined
+    # stage keeps its forward's graph: its backward builds none, and held_bytes counts the graphs it keeps)
+    graph_bytes: int = 0
     # under `backprop`, the halves of a backward split as torch's zero-bubble schedules split it: the input's
     # gradient, then the weights' (walking the graph twice, they may add up to more than backward_s)
     input_backward_s: float | None = None
@@ -107,7 +109,7 @@ def profile_stages(
             held_bytes=memory[index].peak_bytes + nbytes(stage.parameters()),
             overhead_s=overhead,
             parameter_bytes=nbytes(stage.parameters()),
-            graph_bytes=graph_bytes(stage, stage_samples[index]),
+            graph_bytes=0 if index in pipeline.kept_graphs else graph_bytes(stage, stage_samples[index]),
         ))
     if Mode.parse(mode) is Mode.BACKPROP:  # what a split backward (torch's zero-bubble schedules) needs
         costs[0] = replace(costs[0], input_backward_s=0.0, weight_backward_s=costs[0].backward_s)  # data: no gradient
