@@ -38,7 +38,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from common import add_out_argument, build_model, cross_entropy, feed, load_average, make_pipeline  # noqa: E402
-from common import parse_kept_groups, progress, random_batches, results_path, revnet_config, sgd, tensors_of  # noqa: E402
+from common import parse_kept_groups, progress, random_batches, results_path, revnet_config, sgd  # noqa: E402
+from common import tensors_of  # noqa: E402
 from common import write_results  # noqa: E402
 from rivals import SCHEDULES, build_rivals, chunk_layout, contiguous_split, pipeline_peak  # noqa: E402
 from rivals import Part  # noqa: E402, F401 (timeline.py imports it from here)

@@ -27,8 +27,9 @@ def test_grouped_stages_are_profiled_and_simulated_as_grouped(tmp_path, report):
     """--groups: PETRA on coarser engine stages, each grouping profiled as grouped (and keeping its graph, k); the
     report names the groups."""
     out = tmp_path / "simulator_groups.json"
-    subprocess.run([sys.executable, str(BENCHMARKS / "simulator.py"), "--quick", "--modes", "petra", "--groups",
-                    "1,2/7", "4/6", "4k/6", "--out", str(out)], check=True, capture_output=True, timeout=300)  # fmt: skip
+    command = [sys.executable, str(BENCHMARKS / "simulator.py"), "--quick", "--modes", "petra", "--groups", "1,2/7",
+               "4/6", "4k/6", "--out", str(out)]
+    subprocess.run(command, check=True, capture_output=True, timeout=300)
     result = json.loads(out.read_text())
     rows = [(row["groups"], row["partition"], row["kept"]) for row in result["rows"]]
     assert rows == [([1, 2, 7], [2, 1], []), ([4, 6], [1, 1], []), ([4, 6], [1, 1], [0])]

@@ -40,9 +40,9 @@ class StageWorker:
     Weight prediction (off by default): forwards run at the weights extrapolated to the backward (see `prediction`).
 
     Kept graphs (`keep_graph`, off by default): a stage that would recompute its forward in the backward (from its
-    stored input, or from the input it rebuilds by inversion) keeps the forward's graph instead. In a pipelined mode the graph is built on a copy of the weights (the
-    optimizer updates the stage's own in between), so its gradient is that of the forward's weights, as with weight
-    stashing.
+    stored input, or from the input it rebuilds by inversion) keeps the forward's graph instead. In a pipelined mode
+    the graph is built on a copy of the weights (the optimizer updates the stage's own in between), so its gradient
+    is that of the forward's weights, as with weight stashing.
     """
 
     def __init__(
