@@ -27,7 +27,7 @@ keeping every graph it can (`keep_graphs`: each group but the last keeps its for
 it or rebuilding its input), which spends memory on speed; and in between, the devices keeping their graph where it
 fits a budget (the settings `memory_budget` gives, from the same profiles). The kept graphs are profiled in passes
 that each keep some groups' graphs, at most `--kept-memory` bytes of them together (all at once, they would not fit
-this machine's memory), each group's kept costs taken from its pass.
+this machine's memory), each group's kept costs taken from its pass; every profile runs in a forked process.
 Peak memory per device (`Simulation.peak_memory`): PETRA's stages' measured `held_bytes` plus the graph the largest
 operation builds; a rival's parameters, the micro-batches in flight and, checkpointed, the recomputation's graph
 (what the schedule needs), and beside it the same with the buffers torch 2.14 allocates around that (`buffers=
