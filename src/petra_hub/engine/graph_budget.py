@@ -39,7 +39,7 @@ def recomputing_stages(stages: list[nn.Module], mode: Mode) -> list[int]:
     if mode.keeps_graph:
         return []
     return [index for index, stage in enumerate(stages[:-1])
-            if not (mode.reconstructs and getattr(stage, "reversible", False))]
+            if not mode.rebuilds_input(stage)]
 
 
 def keepable_stages(stages: list[nn.Module], mode: Mode) -> list[int]:

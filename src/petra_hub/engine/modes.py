@@ -72,6 +72,11 @@ class Mode(str, Enum):
         """Whether reversible stages rebuild their input by inversion instead of storing it."""
         return self.policy.reconstructs
 
+    def rebuilds_input(self, stage, keeps_graph: bool = False) -> bool:
+        """Whether `stage` rebuilds its input by inversion in this mode: a reversible stage (`stage.reversible`)
+        in a mode that reconstructs, unless it keeps its forward's graph instead."""
+        return self.reconstructs and bool(getattr(stage, "reversible", False)) and not keeps_graph
+
     @property
     def stashes_weights(self) -> bool:
         return self.policy.stashes_weights

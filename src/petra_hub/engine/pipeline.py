@@ -161,8 +161,8 @@ class Pipeline(Readings):
         self.trace = Trace(dist.get_rank() if distributed else 0) if trace else None
         self.kept_graphs = kept_graphs(self.stages, self.mode, self.placement.groups, keep_graphs, memory_budget,
                                        profile_batch[0] if profile_batch is not None else None)
-        reconstructs = [self.mode.reconstructs and bool(getattr(s, "reversible", False)) and i not in self.kept_graphs
-                        for i, s in enumerate(self.stages)]
+        reconstructs = [self.mode.rebuilds_input(stage, index in self.kept_graphs)
+                        for index, stage in enumerate(self.stages)]
         self.router = Router(
             self.rank, self.local, len(self.stages), reconstructs, self.schedule, self.transport, self.precision.messages
         )

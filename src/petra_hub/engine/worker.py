@@ -73,7 +73,7 @@ class StageWorker:
         self.is_first = index == 0
         self.is_last = index == num_stages - 1
         self.keeps_graph = mode.keeps_graph or keep_graph
-        self.reconstructs = mode.reconstructs and bool(getattr(stage, "reversible", False)) and not self.keeps_graph
+        self.reconstructs = mode.rebuilds_input(stage, self.keeps_graph)
         if self.reconstructs and not (hasattr(stage, "inverse") and hasattr(stage, "reconstruct_and_backward")):
             raise ValueError(f"stage {index} is marked reversible but lacks inverse / reconstruct_and_backward")
         self.accumulation_steps = accumulation_steps
