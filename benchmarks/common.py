@@ -75,21 +75,16 @@ def make_pipeline(stages, mode, *, lr: float | None = None, accumulation_steps: 
     )
 
 
-def parse_groups(spec: str) -> tuple[list[int], list[int]]:
-    """"1,2/7" -> ([1, 2, 7], [2, 1]): the sizes of the engine stages (groups of model stages) and how many of them
-    each rank runs (ranks separated by '/', groups by ','). Raises ValueError on anything else."""
-    ranks = [[int(size) for size in rank.split(",")] for rank in spec.split("/")]
-    if any(size < 1 for rank in ranks for size in rank):
-        raise ValueError(spec)
-    return [size for rank in ranks for size in rank], [len(rank) for rank in ranks]
-
-
-def parse_kept_groups(spec: str) -> tuple[list[int], list[int], list[int]]:
-    """"1,2k/7" -> ([1, 2, 7], [2, 1], [1]): `parse_groups`, and the engine stages marked "k", which keep their
+def parse_groups(spec: str) -> tuple[list[int], list[int], list[int]]:
+    """"1,2k/7" -> ([1, 2, 7], [2, 1], [1]): the sizes of the engine stages (groups of model stages), how many of them
+    each rank runs (ranks separated by '/', groups by ','), and the engine stages marked "k", which keep their
     forward's graph (`keep_graphs`). Raises ValueError on anything else."""
-    marked = [group.endswith("k") for rank in spec.split("/") for group in rank.split(",")]
-    groups, stages_per_rank = parse_groups(spec.replace("k", ""))
-    return groups, stages_per_rank, [index for index, kept in enumerate(marked) if kept]
+    ranks = [rank.split(",") for rank in spec.split("/")]
+    groups = [group for rank in ranks for group in rank]
+    sizes = [int(group.removesuffix("k")) for group in groups]
+    if any(size < 1 for size in sizes):
+        raise ValueError(spec)
+    return sizes, [len(rank) for rank in ranks], [index for index, group in enumerate(groups) if group.endswith("k")]
 
 
 def feed(pipeline: Pipeline, batches, count: int, offset: int = 0) -> None:

@@ -46,7 +46,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from common import add_out_argument, build_model, cross_entropy, feed, make_pipeline, progress  # noqa: E402
-from common import parse_kept_groups, random_batches, results_path, revnet_config, write_results  # noqa: E402
+from common import parse_groups, random_batches, results_path, revnet_config, write_results  # noqa: E402
 from petra_hub.engine import Mode, Placement, StageCost, merge_stages, profile_stages, simulate  # noqa: E402
 from petra_hub.engine import simulate_schedule  # noqa: E402
 from rivals import SCHEDULES, NotApplicable, Rival, chunk_layout, chunk_owner, measure_fresh  # noqa: E402
@@ -75,7 +75,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_out_argument(parser, "simulator")
     args = parser.parse_args(argv)
     try:
-        args.groups = [parse_kept_groups(spec) for spec in args.groups or []]
+        args.groups = [parse_groups(spec) for spec in args.groups or []]
     except ValueError:
         parser.error(f"--groups: expected group sizes like 1,2/7, got {args.groups}")
     if any(len(stages_per_rank) != 2 for _, stages_per_rank, _ in args.groups):

@@ -38,7 +38,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from common import add_out_argument, build_model, cross_entropy, feed, load_average, make_pipeline  # noqa: E402
-from common import parse_kept_groups, progress, random_batches, results_path, revnet_config, sgd  # noqa: E402
+from common import parse_groups, progress, random_batches, results_path, revnet_config, sgd  # noqa: E402
 from common import tensors_of  # noqa: E402
 from common import write_results  # noqa: E402
 from rivals import SCHEDULES, build_rivals, chunk_layout, contiguous_split, pipeline_peak  # noqa: E402
@@ -95,7 +95,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.petra_groups is None:
         args.petra_groups = DEFAULT_PETRA_GROUPS if args.num_processes == 2 else []
     try:
-        groupings = [parse_kept_groups(spec) for spec in args.petra_groups]
+        groupings = [parse_groups(spec) for spec in args.petra_groups]
     except ValueError:
         parser.error(f"--petra-groups: expected group sizes like 1,2/7 or 5k/5, got {args.petra_groups}")
     if any(len(stages_per_rank) != args.num_processes for _, stages_per_rank, _ in groupings):
@@ -259,7 +259,7 @@ def multi_process_job(rank, world_size, settings, partition, boundary_numel, cop
     peaks = {mode: all_values(engine_peak(settings, mode, partition, batches))
              for mode in ("petra", "reversible_backprop", "backprop")}  # fmt: skip
     # PETRA with coarser engine stages: {name: (group sizes, stages per rank)}
-    grouped = {grouping_name(spec): parse_kept_groups(spec) for spec in settings.petra_groups}
+    grouped = {grouping_name(spec): parse_groups(spec) for spec in settings.petra_groups}
     for name, (groups, stages_per_rank, kept) in grouped.items():
         peaks[name] = all_values(engine_peak(settings, "petra", stages_per_rank, batches, groups, keep_graphs=kept))
 
@@ -356,7 +356,7 @@ def main(argv=None) -> dict:
     progress(f"{os.cpu_count()} CPUs, torch {torch.__version__}, load average {loads[0]}")
     model_stages = len(revnet18(settings).get_stages())
     for spec in settings.petra_groups:  # before any work
-        if sum(parse_kept_groups(spec)[0]) != model_stages:
+        if sum(parse_groups(spec)[0]) != model_stages:
             raise SystemExit(f"--petra-groups {spec}: the group sizes must add up to the {model_stages} stages")
     started = time.time()
     env = {} if settings.default_malloc else STABLE_MALLOC_ENV
