@@ -59,8 +59,7 @@ import torch  # noqa: E402
 from common import RESULTS, add_out_argument, build_model, cross_entropy, progress, random_batches  # noqa: E402
 from common import results_path, revnet_config, write_results  # noqa: E402
 from petra_hub.engine import Mode, Placement, merge_stages, profile_stages, simulate, simulate_schedule  # noqa: E402
-from petra_hub.engine.accounting import graph_bytes  # noqa: E402
-from petra_hub.engine.graph_budget import keepable_stages, stage_inputs  # noqa: E402
+from petra_hub.engine.graph_budget import keepable_stages, kept_graph_bytes, stage_inputs  # noqa: E402
 from petra_hub.engine.schedule import Schedule  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH  # noqa: E402
 from rivals import SCHEDULES  # noqa: E402
@@ -128,8 +127,7 @@ def kept_passes(groups: list, sample_inputs, memory: int) -> list[list[int]]:
     inputs = stage_inputs(groups, sample_inputs, len(groups) - 1)
     passes, total = [[]], 0
     for index in keepable_stages(groups, Mode.PETRA):
-        weights = sum(p.nbytes for p in groups[index].parameters())
-        extra = schedule.in_flight(index) * (graph_bytes(groups[index], inputs[index]) + weights)
+        extra = kept_graph_bytes(groups[index], inputs[index], schedule.in_flight(index), pipelined=True)
         if passes[-1] and total + extra > memory:
             passes.append([])
             total = 0

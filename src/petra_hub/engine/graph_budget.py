@@ -30,7 +30,7 @@ from .randomness import preserved
 from .schedule import Schedule
 from .tensors import Activation, as_tuple
 
-__all__ = ["keepable_stages", "kept_graphs", "recomputing_stages", "stage_inputs"]
+__all__ = ["keepable_stages", "kept_graph_bytes", "kept_graphs", "recomputing_stages", "stage_inputs"]
 
 
 def recomputing_stages(stages: list[nn.Module], mode: Mode) -> list[int]:
@@ -86,15 +86,21 @@ def kept_graphs(
             held, extras = 0, []
             for index in (i for i in group if i in candidates):
                 count = schedule.in_flight(index) if mode.pipelined else 1
-                stored = nbytes(as_tuple(inputs[index])) if index in recomputing else 0
-                held += count * stored
-                copy = sum(p.nbytes for p in stages[index].parameters() if p.requires_grad) if mode.pipelined else 0
-                extras.append((count * (graph_bytes(stages[index], inputs[index]) + copy - stored), index))
+                stored = count * nbytes(as_tuple(inputs[index])) if index in recomputing else 0
+                held += stored
+                extras.append((kept_graph_bytes(stages[index], inputs[index], count, mode.pipelined) - stored, index))
             for extra, index in sorted(extras):
                 if held + extra <= memory_budget:
                     held += extra
                     kept.add(index)
     return kept
+
+
+def kept_graph_bytes(stage: nn.Module, inputs: Activation, in_flight: int, pipelined: bool) -> int:
+    """What `stage` holds keeping its graph for `in_flight` micro-batches (measured on `inputs`): each one's graph
+    and, in a pipelined mode, the copy of the weights it was built on."""
+    copy = sum(p.nbytes for p in stage.parameters() if p.requires_grad) if pipelined else 0
+    return in_flight * (graph_bytes(stage, inputs) + copy)
 
 
 def stage_inputs(stages: list[nn.Module], inputs: Activation, last: int) -> list[Activation]:
