@@ -46,7 +46,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from common import add_out_argument, build_model, cross_entropy, feed, make_pipeline, progress  # noqa: E402
-from common import parse_groups, random_batches, results_path, revnet_config, write_results  # noqa: E402
+from common import parse_groups, random_batches, results_path, revnet_config, sgd, write_results  # noqa: E402
 from petra_hub.engine import Mode, Placement, StageCost, merge_stages, profile_stages, simulate  # noqa: E402
 from petra_hub.engine import simulate_schedule  # noqa: E402
 from rivals import SCHEDULES, NotApplicable, Rival, chunk_layout, chunk_owner, measure_fresh  # noqa: E402
@@ -54,6 +54,7 @@ from rivals import pipeline_peak  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH, RECIPE_WIDTH  # noqa: E402
 
 PARTITIONS = ([5, 5], [4, 6], [6, 4])
+LR = 0.01  # every run's SGD (momentum 0.9), whose step the profile times
 MULTI_CHUNK = [key for key, (_, per_rank, _, _) in SCHEDULES.items() if per_rank > 1]  # rivals.py's names
 
 
@@ -114,7 +115,7 @@ def link(rank: int, repeats: int = 20) -> tuple[float, float]:
         samples.append((time.perf_counter() - start) / 2)
     bandwidth = 4 * 2**20 / statistics.median(samples[3:])
     stages = [torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)]
-    pipeline = make_pipeline(stages, "backprop", lr=0.01, timeout=600)
+    pipeline = make_pipeline(stages, "backprop", lr=LR, timeout=600)
     inputs, labels = torch.randn(2, 4), torch.tensor([0, 1])
     feed(pipeline, [(inputs, labels)], 5)
     samples = []
@@ -130,7 +131,8 @@ def profile_on_every_rank(stages, sample, mode: str, world_size: int, **options)
     """Every rank profiles the stages at once, so that each timing sees the other process using the machine as it
     will during the run (the 2 cores share caches and memory bandwidth); the timings are averaged over the ranks.
     `options` go to `profile_stages` (e.g. `keep_graphs`)."""
-    mine = profile_stages(stages, sample, cross_entropy, mode=mode, **options)
+    mine = profile_stages(stages, sample, cross_entropy, mode=mode, optimizer_factory=lambda i, s: sgd(s, LR),
+                          **options)
     everyone = [None] * world_size
     dist.all_gather_object(everyone, mine)
     timed = ("forward_s", "backward_s", "update_s", "overhead_s")
@@ -159,7 +161,7 @@ def job(rank, world_size, settings):
             if groups is None and mode not in auto:
                 chosen = Placement.auto(costs, world_size, link_bandwidth=bandwidth, latency=2 * latency)
                 auto[mode] = [len(group) for group in chosen.groups]
-            pipeline = make_pipeline(stages(groups), mode, lr=0.01, partition=partition, timeout=600,
+            pipeline = make_pipeline(stages(groups), mode, lr=LR, partition=partition, timeout=600,
                                      keep_graphs=kept)
             peak = pipeline_peak(pipeline, batches)
             feed(pipeline, batches, pipeline.schedule.latency if pipeline.mode.pipelined else 2)
@@ -246,7 +248,7 @@ def rival_rows(rank, world_size, settings, stages, batches, latency, bandwidth) 
         for m in settings.rival_microbatches:
             try:
                 rival = Rival(schedule, torch_checkpointing, m, stages(None), layout, rank, world_size, cross_entropy,
-                              lambda module: torch.optim.SGD(module.parameters(), lr=0.01))
+                              lambda module: sgd(module, LR))
             except NotApplicable as reason:
                 if rank == 0:
                     progress(f"{schedule} m = {m}: not applicable ({reason})")

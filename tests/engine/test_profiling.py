@@ -18,6 +18,24 @@ def sample(model, batch=8, dtype=torch.float64):
     return images, torch.randint(0, model.config.num_labels, (batch,), generator=torch.Generator().manual_seed(0))
 
 
+def test_profile_times_the_runs_own_optimizer_at_learning_rate_zero():
+    model = small_model("revnet18", seed=1)
+    made = []  # (optimizer, the copy's parameters as they were when it was made)
+
+    def adamw(index, stage):
+        optimizer = torch.optim.AdamW(stage.parameters(), lr=0.1, weight_decay=0.1)
+        made.append((optimizer, [p.detach().clone() for p in stage.parameters()]))
+        return optimizer
+
+    costs = profile_stages(model.get_stages(), sample(model), repeats=2, warmup=0, optimizer_factory=adamw)
+    assert len(made) == len(costs)
+    for optimizer, before in made:
+        assert all(group["lr"] == 0.0 for group in optimizer.param_groups)
+        assert all(state["step"] > 0 for state in optimizer.state.values())  # Adam's moments were updated
+        after = [p for group in optimizer.param_groups for p in group["params"]]
+        assert all(torch.equal(a, b) for a, b in zip(after, before))  # and the weights never moved
+
+
 def test_profile_measures_every_stage_without_touching_it():
     model = small_model("revnet18", seed=1)
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -148,7 +148,7 @@ class Pipeline(Readings):
         self.rank = dist.get_rank(group) if distributed else 0
         if partition == "auto":
             partition = auto_partition(self.stages, loss_fn, profile_batch, world, self.mode, group, distributed,
-                                       device=device, precision=self.precision)
+                                       device=device, precision=self.precision, optimizer_factory=optimizer_factory)
         self.placement = Placement.for_pipeline(partition, len(self.stages), world)
         self.local = self.placement.groups[self.rank]
         self._global_ranks: list[int] | None = None

@@ -2,8 +2,8 @@
 
 `profile_stages` runs copies of the stages in one process through the real schedule of the chosen mode (so a
 reversible stage's backward is its fused reconstruction and backward under PETRA, a buffered stage's is its
-recomputation and backward), traced, on one sample micro-batch fed again and again with frozen weights (an SGD step
-of learning rate 0, so that updates cost what they cost without moving the weights). After 2J-1 micro-batches (what
+recomputation and backward), traced, on one sample micro-batch fed again and again with frozen weights (the run's
+optimizer, plain SGD by default, at learning rate 0, so that updates cost what they cost without moving the weights). After 2J-1 micro-batches (what
 fills a pipelined run) and `warmup` more, it takes the median of `repeats` timings of each stage's forward, backward and
 update, the bytes of its messages from the handshake's shapes, the bytes it held at its peak, the bytes of one
 micro-batch's graph, and its share of the engine's own time per tick (the timed window's wall time minus the time
@@ -63,17 +63,20 @@ def profile_stages(
     mode: Mode | str = Mode.PETRA,
     repeats: int = 5,
     warmup: int = 2,
+    optimizer_factory: Callable | None = None,
     **options,
 ) -> list[StageCost]:
     """Measure every stage on `sample_batch` = (inputs, targets) in one process (the stages themselves are not
-    touched: copies run). `options` go to the `Pipeline` (e.g. `precision`, `device`)."""
+    touched: copies run). `optimizer_factory` is the run's `(index, stage) -> optimizer`, whose step the update
+    timings measure (default: plain SGD); it runs at learning rate 0. `options` go to the `Pipeline` (e.g.
+    `precision`, `device`)."""
     from .pipeline import Pipeline
 
     if repeats < 1 or warmup < 0:
         raise ValueError(f"profile_stages needs repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
     copies = [copy.deepcopy(stage) for stage in stages]
     pipeline = Pipeline(copies, loss_fn, mode=mode, distributed=False, trace=True,
-                        optimizer_factory=lambda index, stage: torch.optim.SGD(stage.parameters(), lr=0.0), **options)
+                        optimizer_factory=at_zero_learning_rate(optimizer_factory), **options)
     inputs, targets = sample_batch
     # untimed: as many micro-batches as fill a pipelined run (2J-1), in every mode, so that a fresh process has
     # warmed up (allocator, first calls) before anything is timed
@@ -119,6 +122,19 @@ def profile_stages(
             costs[index] = replace(costs[index], input_backward_s=shares[0] * costs[index].backward_s,
                                    weight_backward_s=shares[1] * costs[index].backward_s)
     return costs
+
+
+def at_zero_learning_rate(optimizer_factory: Callable | None) -> Callable:
+    """`optimizer_factory` (None: plain SGD) with every parameter group's learning rate set to 0, so that its steps
+    cost what they cost (momentum, Adam's moments, weight decay's arithmetic) without moving the weights."""
+
+    def make(index: int, stage: nn.Module) -> torch.optim.Optimizer:
+        optimizer = (optimizer_factory or (lambda i, s: torch.optim.SGD(s.parameters(), lr=0.0)))(index, stage)
+        for group in optimizer.param_groups:
+            group["lr"] = 0.0
+        return optimizer
+
+    return make
 
 
 def split_backward_shares(stage: nn.Module, inputs: Activation, targets, loss_fn: Callable, last: bool,

@@ -2,13 +2,17 @@
 
 The engine runs in ticks. In each tick every rank runs, stage by stage, the forward and the backward its stages
 have in that tick (and an update where an accumulation group closes), then swaps messages with both neighbouring
-ranks and cannot start the next tick before what they send it has arrived. `simulate` replays exactly that with the
-costs of `profile_stages`: rank r starts tick t + 1 at
+ranks and cannot start the next tick before what they send it has arrived. The headers are posted when a tick
+starts, the payloads once a rank's work of the tick is done, so a link's payloads start moving only when both of its
+ranks have finished the tick. `simulate` replays exactly that with the costs of `profile_stages`: rank r starts
+tick t + 1 when, for each neighbour n,
 
-    max(its own end of tick t, each neighbour's end of tick t + the transfer of what that neighbour sends it),
+    payloads on the link (r, n):  max(r's end of tick t, n's end of tick t) + transfer
+    headers only:                 n's end of tick t + transfer (the header n posted at its start is there already)
 
-a transfer taking 2 x `latency` (the header both sides swap first, then the payload) + bytes / `link_bandwidth`;
-every stage also spends its measured share of the engine's own time (`StageCost.overhead_s`) in every tick. It returns the time per micro-batch
+have passed, and not before its own end of tick t; a transfer takes 2 x `latency` (the header, then the payload)
++ bytes / `link_bandwidth`, the bytes of the larger direction (a link carries both ways at once). Every stage also
+spends its measured share of the engine's own time (`StageCost.overhead_s`) in every tick. It returns the time per micro-batch
 in steady state, each rank's utilisation, the bubble fraction, each rank's peak memory (the sum of its stages'
 measured `held_bytes`, held between operations, plus the largest `graph_bytes` among them: the graph an operation
 builds while it runs) and the simulated operations as trace `Event`s, so that a simulated and a recorded run can
@@ -91,15 +95,20 @@ def simulate(
                     sent_left[rank] += cost.backward_bytes
             busy[rank] += clock - ready[rank]
             ends.append(clock)
+        done = list(ends)
+        for left in range(ranks - 1):
+            right = left + 1
+            if sent_right[left] or sent_left[right]:  # the payloads move once both ranks have posted theirs
+                both = max(ends[left], ends[right]) + transfer(max(sent_right[left], sent_left[right]))
+                arrivals = ((left, both), (right, both))
+            else:  # headers only: each rank waits for the neighbour's end of the tick
+                arrivals = ((left, ends[right] + transfer(0)), (right, ends[left] + transfer(0)))
+            for rank, when in arrivals:
+                done[rank] = max(done[rank], when)
         for rank in range(ranks):
-            arrivals = [ends[rank]]
-            if rank > 0:
-                arrivals.append(ends[rank - 1] + transfer(sent_right[rank - 1]))
-            if rank < ranks - 1:
-                arrivals.append(ends[rank + 1] + transfer(sent_left[rank + 1]))
-            if len(arrivals) > 1 and max(arrivals) > ends[rank]:
-                events.append(Event("exchange", rank, EXCHANGE, None, ends[rank], max(arrivals)))
-            ready[rank] = max(arrivals)
+            if done[rank] > ends[rank]:
+                events.append(Event("exchange", rank, EXCHANGE, None, ends[rank], done[rank]))
+            ready[rank] = done[rank]
     total = max(ready)
     steady = sorted(entered)[fed // 2:]
     steady = steady[(len(steady) - 1) % 2:]  # an even number of intervals: neighbours can settle into a 2-tick beat
