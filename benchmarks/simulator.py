@@ -73,6 +73,8 @@ def parse_args(argv=None) -> argparse.Namespace:
              "(ranks separated by '/', groups by ','), e.g. 1,2/7 4/6; a group ending in k keeps its graph: 4k/6",
     )  # fmt: skip
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--bind-cores", action="store_true",
+                        help="each process on its own share of the cores (engine.affinity), profiles and runs alike")
     add_out_argument(parser, "simulator")
     args = parser.parse_args(argv)
     try:
@@ -168,9 +170,11 @@ def job(rank, world_size, settings):
             windows = slowest_rank_windows(lambda: feed(pipeline, batches, settings.micro_batches),
                                            settings.micro_batches, world_size)
             pipeline.drain()
-            predicted = simulate(mode, costs, Placement.from_sizes(partition), link_bandwidth=bandwidth,
-                                 latency=latency)
-            rows.append(compared(mode, partition, groups, windows, peak, predicted, costs, world_size) | {"kept": kept})
+            predicted, overlapped = (simulate(mode, costs, Placement.from_sizes(partition), link_bandwidth=bandwidth,
+                                              latency=latency, overlap_transfers=overlap) for overlap in (False, True))
+            row = compared(mode, partition, groups, windows, peak, predicted, costs, world_size)
+            rows.append(row | {"kept": kept, "predicted_overlapped_s": overlapped.time_per_micro_batch,
+                               "error_overlapped": overlapped.time_per_micro_batch / row["measured_s"] - 1})
             if rank == 0:
                 progress(f"{mode:20s} {groups or ''} {partition}: {summary(rows[-1])}")
     if settings.rival_microbatches:
@@ -276,7 +280,7 @@ def main(argv=None) -> dict:
     settings = parse_args(argv)
     progress(f"2 processes, RevNet18 width {settings.width}, micro-batch {settings.batch}, modes "
              f"{' '.join(settings.modes)}, (groups, stages per rank) {settings.settings}")
-    result = launch(job, 2, settings, env=STABLE_MALLOC_ENV)[0]
+    result = launch(job, 2, settings, env=STABLE_MALLOC_ENV, bind_cores=settings.bind_cores)[0]
     errors = [abs(row["error"]) for row in result["rows"]]
     progress(f"link: latency {1e6 * result['latency_s']:.0f} us, bandwidth {result['bandwidth_Bps'] / 1e9:.2f} GB/s; "
              f"|error| median {100 * statistics.median(errors):.1f}%, max {100 * max(errors):.1f}%")

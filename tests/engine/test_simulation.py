@@ -49,6 +49,9 @@ def test_payloads_move_once_both_ranks_of_a_link_are_done_so_the_slower_rank_pay
     # rank 1 (7 stages, 21 s a tick) finishes last; rank 0 has posted its payloads long before, but they only move
     # once rank 1 has posted its own: 2 latencies and 2000 B at 1000 B/s more, not hidden behind rank 1's work
     assert uneven.time_per_micro_batch == pytest.approx(21.0 + 2 * 0.25 + 2.0)
+    overlapped = simulate("petra", costs, Placement.from_sizes([3, 7]), link_bandwidth=1000.0, latency=0.25,
+                          micro_batches=40, overlap_transfers=True)
+    assert overlapped.time_per_micro_batch == pytest.approx(21.0)  # rank 0's payload leaves at its end: hidden
     # naive model parallelism: the idle rank's header of each tick waits at the working rank before it is done, so
     # only the two ticks whose work crosses the link (the forward and the backward) pay a transfer
     synchronous = simulate("backprop", costs, Placement.from_sizes([5, 5]), link_bandwidth=1000.0, latency=0.25,

@@ -46,9 +46,12 @@ def simulate(
     latency: float = 0.0,
     accumulation_steps: int = 1,
     micro_batches: int | None = None,
+    overlap_transfers: bool = False,
 ) -> Simulation:
     """Simulate `micro_batches` (default 4J) micro-batches of `mode` on `placement`, stages costing `costs` (from
-    `profile_stages` in the same mode); `link_bandwidth` in bytes/s (None: free transfers)."""
+    `profile_stages` in the same mode); `link_bandwidth` in bytes/s (None: free transfers). `overlap_transfers`:
+    each payload leaves when its sender is done, whatever the receiver is doing (the first version's model, kept
+    to compare with; the engine posts a tick's payloads only once its work is done)."""
     mode = Mode.parse(mode)
     count = len(costs)
     if placement.num_stages != count:
@@ -98,11 +101,13 @@ def simulate(
         done = list(ends)
         for left in range(ranks - 1):
             right = left + 1
-            if sent_right[left] or sent_left[right]:  # the payloads move once both ranks have posted theirs
+            if (sent_right[left] or sent_left[right]) and not overlap_transfers:
+                # the payloads move once both ranks have posted theirs
                 both = max(ends[left], ends[right]) + transfer(max(sent_right[left], sent_left[right]))
                 arrivals = ((left, both), (right, both))
-            else:  # headers only: each rank waits for the neighbour's end of the tick
-                arrivals = ((left, ends[right] + transfer(0)), (right, ends[left] + transfer(0)))
+            else:  # headers only (or overlapped transfers): each rank waits for what its neighbour sent at its end
+                arrivals = ((left, ends[right] + transfer(sent_left[right])),
+                            (right, ends[left] + transfer(sent_right[left])))
             for rank, when in arrivals:
                 done[rank] = max(done[rank], when)
         for rank in range(ranks):
