@@ -20,12 +20,14 @@ class LaunchError(RuntimeError):
     pass
 
 
-def launch(function, world_size: int, *args, deadline: float = 3600.0, pg_timeout: float = 600.0, env=None) -> list:
+def launch(function, world_size: int, *args, deadline: float = 3600.0, pg_timeout: float = 600.0, env=None,
+           bind_cores: bool = False) -> list:
     """Run `function(rank, world_size, *args)` (a module-level function) on `world_size` spawned processes, with
-    `env` added to their environment, and return the per-rank values; raise LaunchError if a rank fails."""
+    `env` added to their environment (and with `bind_cores`, each on its own share of the cores), and return the
+    per-rank values; raise LaunchError if a rank fails."""
     with mock.patch.dict(os.environ, env or {}):  # the children inherit it at start-up: fresh processes
         results, codes, _ = run_ranks(function, world_size, *args, deadline=deadline, pg_timeout=pg_timeout,
-                                      start_method="spawn" if env else "forkserver")
+                                      start_method="spawn" if env else "forkserver", bind_cores=bind_cores)
     for rank, (result, code) in enumerate(zip(results, codes)):
         if result is None or "error" in result:
             detail = result["traceback"] if result else f"exit code {code} (None: killed at the {deadline:g}s deadline)"

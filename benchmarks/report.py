@@ -1022,6 +1022,15 @@ def kept_graphs_main(r, arg=None):
                   "time / backprop (median of paired windows)", "held between ticks (MiB)"], rows, "llrrr")
 
 
+def affinity_main(r, arg=None):
+    rows = [[row["groups"], f"{1e3 * row['free_s']:.1f}", f"{1e3 * row['bound_s']:.1f}",
+             f"{row['free_over_bound']:.3f}",
+             " / ".join(f"{t:.3f}" for t in row["tail_free"]), " / ".join(f"{t:.3f}" for t in row["tail_bound"])]
+            for row in need(r, "rows")]  # fmt: skip
+    return table(["PETRA setting", "free: ms per micro-batch (median)", "bound", "speed bound / free (paired median)",
+                  "operations' mean / median, free (rank 0 / 1)", "bound"], rows, "lrrrrr")
+
+
 def delay_sensitivity_main(r, arg=None):
     rows = [[row["model"], row["delay"], f"{row['final_loss']:.3f}", f"{100 * row['test_accuracy']:.2f}"]
             for row in r["rows"]]
@@ -1062,6 +1071,7 @@ RENDERERS = {
     "fidelity": {"main": fidelity_main, "summary": fidelity_summary},
     "simulator": {"main": simulator_main, "memory": simulator_memory},
     "kept_graphs": {"main": kept_graphs_main},
+    "affinity": {"main": affinity_main},
     "delay_sensitivity": {"main": delay_sensitivity_main},
     "predict": {"main": predict_main, "costs": predict_costs, "rivals": predict_rivals,
                 "rivals-allocated": predict_rivals_allocated, "equal-memory": predict_equal_memory},

@@ -39,12 +39,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _entry(rank, world_size, port, function, args, out_dir, pg_timeout):
+def _entry(rank, world_size, port, function, args, out_dir, pg_timeout, bind_cores=False):
     os.environ.update(SINGLE_THREAD_ENV)
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    if bind_cores:
+        from petra_hub.testing.affinity import bind_to_cpu_share
+
+        bind_to_cpu_share(rank, world_size)
     result = {}
     try:
         if world_size > 1:
@@ -74,6 +78,7 @@ def run_ranks(
     pg_timeout: float = 60.0,
     expendable: tuple[int, ...] = (),
     start_method: str = "forkserver",
+    bind_cores: bool = False,
 ) -> tuple[list[dict | None], list[int | None], float]:
     """Start `function(rank, world_size, *args)` (a module-level function) on `world_size` processes.
 
@@ -83,7 +88,8 @@ def run_ranks(
 
     Returns (results, exit codes, start time). Each result holds "value" or "error" (+ "traceback"), and "ended"
     (time.time()); a rank that never reported gives None. Processes alive at the deadline are killed (exit code
-    None); so are the `expendable` ranks as soon as all the others have ended.
+    None); so are the `expendable` ranks as soon as all the others have ended. `bind_cores`: each process on its
+    own share of the cores (`testing.affinity`).
     """
     os.environ.update(SINGLE_THREAD_ENV)  # inherited by the children before they import torch
     import torch.multiprocessing as mp
@@ -95,7 +101,7 @@ def run_ranks(
     with tempfile.TemporaryDirectory(prefix="petra-ranks-") as scratch:
         folder = str(out_dir) if out_dir is not None else scratch
         processes = [
-            context.Process(target=_entry, args=(rank, world_size, port, function, args, folder, pg_timeout))
+            context.Process(target=_entry, args=(rank, world_size, port, function, args, folder, pg_timeout, bind_cores))
             for rank in range(world_size)
         ]
         started = time.time()
