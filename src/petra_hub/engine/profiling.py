@@ -3,11 +3,11 @@
 `profile_stages` runs copies of the stages in one process through the real schedule of the chosen mode (so a
 reversible stage's backward is its fused reconstruction and backward under PETRA, a buffered stage's is its
 recomputation and backward), traced, on one sample micro-batch fed again and again with frozen weights (the run's
-optimizer, plain SGD by default, at learning rate 0, so that updates cost what they cost without moving the weights). After 2J-1 micro-batches (what
-fills a pipelined run) and `warmup` more, it takes the median of `repeats` timings of each stage's forward, backward and
-update, the bytes of its messages from the handshake's shapes, the bytes it held at its peak, the bytes of one
-micro-batch's graph, and its share of the engine's own time per tick (the timed window's wall time minus the time
-inside the operations).
+optimizer, plain SGD by default, at learning rate 0, so that updates cost what they cost without moving the
+weights). After 2J-1 micro-batches (what fills a pipelined run) and `warmup` more, it takes the median of `repeats`
+timings of each stage's forward, backward and update, the bytes of its messages from the handshake's shapes, the
+bytes it held at its peak, the bytes of one micro-batch's graph, and its share of the engine's own time per tick (the
+timed window's wall time minus the time inside the operations).
 """
 
 from __future__ import annotations

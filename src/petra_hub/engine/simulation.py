@@ -12,11 +12,11 @@ tick t + 1 when, for each neighbour n,
 
 have passed, and not before its own end of tick t; a transfer takes 2 x `latency` (the header, then the payload)
 + bytes / `link_bandwidth`, the bytes of the larger direction (a link carries both ways at once). Every stage also
-spends its measured share of the engine's own time (`StageCost.overhead_s`) in every tick. It returns the time per micro-batch
-in steady state, each rank's utilisation, the bubble fraction, each rank's peak memory (the sum of its stages'
-measured `held_bytes`, held between operations, plus the largest `graph_bytes` among them: the graph an operation
-builds while it runs) and the simulated operations as trace `Event`s, so that a simulated and a recorded run can
-be drawn with the same `plot_timeline`.
+spends its measured share of the engine's own time (`StageCost.overhead_s`) in every tick. It returns the time per
+micro-batch in steady state, each rank's utilisation, the bubble fraction, each rank's peak memory (the sum of its
+stages' measured `held_bytes`, held between operations, plus the largest `graph_bytes` among them: the graph an
+operation builds while it runs) and the simulated operations as trace `Event`s, so that a simulated and a recorded
+run can be drawn with the same `plot_timeline`.
 """
 
 from __future__ import annotations

@@ -101,7 +101,8 @@ def run_ranks(
     with tempfile.TemporaryDirectory(prefix="petra-ranks-") as scratch:
         folder = str(out_dir) if out_dir is not None else scratch
         processes = [
-            context.Process(target=_entry, args=(rank, world_size, port, function, args, folder, pg_timeout, bind_cores))
+            context.Process(target=_entry,
+                            args=(rank, world_size, port, function, args, folder, pg_timeout, bind_cores))
             for rank in range(world_size)
         ]
         started = time.time()
