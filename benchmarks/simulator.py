@@ -73,8 +73,6 @@ def parse_args(argv=None) -> argparse.Namespace:
              "(ranks separated by '/', groups by ','), e.g. 1,2/7 4/6; a group ending in k keeps its graph: 4k/6",
     )  # fmt: skip
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--bind-cores", action="store_true",
-                        help="each process on its own share of the cores (engine.affinity), profiles and runs alike")
     add_out_argument(parser, "simulator")
     args = parser.parse_args(argv)
     try:
@@ -280,7 +278,7 @@ def main(argv=None) -> dict:
     settings = parse_args(argv)
     progress(f"2 processes, RevNet18 width {settings.width}, micro-batch {settings.batch}, modes "
              f"{' '.join(settings.modes)}, (groups, stages per rank) {settings.settings}")
-    result = launch(job, 2, settings, env=STABLE_MALLOC_ENV, bind_cores=settings.bind_cores)[0]
+    result = launch(job, 2, settings, env=STABLE_MALLOC_ENV)[0]
     errors = [abs(row["error"]) for row in result["rows"]]
     progress(f"link: latency {1e6 * result['latency_s']:.0f} us, bandwidth {result['bandwidth_Bps'] / 1e9:.2f} GB/s; "
              f"|error| median {100 * statistics.median(errors):.1f}%, max {100 * max(errors):.1f}%")
