@@ -92,6 +92,8 @@ def test_throughput_tables_render_from_a_quick_run(report):
 
 
 def test_table4_ranks_against_the_papers_row_with_ties(report):
+    from report_tables import accuracy  # importable once `report` is loaded
+
     def row(mode, mean, gap=None):
         entry = {"mode": mode, "k": 1, "mean": mean, "std": 0.5}
         return entry if gap is None else {**entry, "gap_mean": gap, "gap_std": 0.1}
@@ -99,7 +101,7 @@ def test_table4_ranks_against_the_papers_row_with_ties(report):
     result = {"settings": {"seeds": [0, 1, 2]}, "summary": [
         row("backprop", 99.0), row("reversible_backprop", 99.5, 0.5), row("delayed", 98.0, -1.0),
         row("input_buffer", 97.0, -2.0), row("weight_stash", 98.0, -1.0), row("petra", 96.5, -2.5)]}
-    lines = report.accuracy_table4(result).splitlines()
+    lines = accuracy.accuracy_table4(result).splitlines()
     cells = {line.split(" | ")[0].strip("| "): [c.strip(" |") for c in line.split(" | ")] for line in lines[2:]}
     assert cells["backprop"][3:] == ["1", "77.5", "+0.0", "1"]
     assert cells["reversible_backprop"][3:] == ["—", "—", "—", "—"]  # not in the paper's table: not ranked
@@ -108,6 +110,8 @@ def test_table4_ranks_against_the_papers_row_with_ties(report):
 
 
 def test_fidelity_tables_average_seeds_by_epoch(report):
+    from report_tables import fidelity  # importable once `report` is loaded
+
     def record(seed, epoch, stage, true, stashed_true):
         return {"epoch": epoch, "stage": stage, "cosine_true": true, "cosine_stashed_true": stashed_true,
                 "cosine_stashed": 0.9, "norm_ratio_true": 1.0, "norm_ratio_stashed_true": 1.0,
@@ -118,18 +122,20 @@ def test_fidelity_tables_average_seeds_by_epoch(report):
         records = [record(s, e, j, 0.5 + 0.1 * s, 0.4 + 0.3 * s) for e in (0.5, 1.5, 2.0) for j in (0, 1)]
         runs.append({"columns": list(records[0]), "rows": [list(r.values()) for r in records]})
     result = {"settings": {"epochs": 2}, "runs": runs}
-    main = report.fidelity_main(result).splitlines()
+    main = fidelity.fidelity_main(result).splitlines()
     assert main[0].count("epoch") == 2  # epochs 1 and 2
     assert main[2].startswith("| 0 | 0.550 / 0.550 / 0.900 | 0.550 / 0.550 / 0.900")
-    summary = report.fidelity_summary(result).splitlines()
+    summary = fidelity.fidelity_summary(result).splitlines()
     assert summary[2].endswith("| 50.0% |")  # seed 0: PETRA closer (0.5 > 0.4); seed 1: not (0.6 < 0.7)
 
 
 def test_equal_memory_takes_the_worst_level_where_both_have_a_setting(report):
+    from report_tables import throughput_rivals  # importable once `report` is loaded
+
     # (seconds, bytes). At 90 B only a rival runs; at 100 B the rival is 1.2x slower than PETRA (1.2 / 1.0); at
     # 300 B PETRA's second setting makes it 2.4x; at 400 B a rival at 0.4 s beats PETRA's 0.5 s: 0.8x, the worst
     petra, rivals = [(1.0, 100), (0.5, 300)], [(1.2, 90), (0.4, 400)]
-    assert report.worst_ratio_at_equal_memory(petra, rivals) == "**0.80x**"
-    assert report.worst_ratio_at_equal_memory(petra, rivals[:1]) == "**1.20x**"
+    assert throughput_rivals.worst_ratio_at_equal_memory(petra, rivals) == "**0.80x**"
+    assert throughput_rivals.worst_ratio_at_equal_memory(petra, rivals[:1]) == "**1.20x**"
     # a rival holding more than PETRA is still compared at its own level, where PETRA's lighter setting runs too
-    assert report.worst_ratio_at_equal_memory([(1.0, 100)], [(0.4, 400)]) == "**0.40x**"
+    assert throughput_rivals.worst_ratio_at_equal_memory([(1.0, 100)], [(0.4, 400)]) == "**0.40x**"

@@ -1,0 +1,69 @@
+"""Tables of the one-process speed studies: benchmarks/overhead.py (PETRA against plain backprop, operator by
+operator), messages.py (message dtypes), kept_graphs.py (graphs kept instead of recomputed) and affinity.py
+(ranks bound to cores)."""
+
+from __future__ import annotations
+
+from .base import mib, ms, need, renders, table
+
+
+@renders("overhead", "main")
+def overhead_main(r, arg=None):
+    """Plain backprop against one-process PETRA: wall time, time in operators and outside them, then the operators
+    that cost most, per micro-batch (medians over the windows)."""
+    plain, petra = need(r, "plain"), need(r, "petra")
+
+    def row(label, a, b, calls=("", "")):
+        return [label, calls[0], ms(a), calls[1], ms(b), f"{1e3 * (b - a):+.1f}"]
+
+    rows = [row("**wall time**, not profiled", plain["unprofiled_wall_s"], petra["unprofiled_wall_s"]),
+            row("in operators (self CPU time, profiled)", plain["in_ops_s"], petra["in_ops_s"]),
+            row("outside operators: Python, the loop, the engine (difference of the two above)",
+                plain["unprofiled_wall_s"] - plain["in_ops_s"], petra["unprofiled_wall_s"] - petra["in_ops_s"]),
+            row("wall time under the profiler", plain["wall_s"], petra["wall_s"])]  # fmt: skip
+    top = sorted(set(plain["ops"]) | set(petra["ops"]),
+                 key=lambda k: -max(plain["ops"].get(k, [0, 0])[1], petra["ops"].get(k, [0, 0])[1]))[:16]
+    for key in top:
+        (ca, ta), (cb, tb) = plain["ops"].get(key, [0, 0]), petra["ops"].get(key, [0, 0])
+        rows.append(row(f"`{key}`", ta, tb, (f"{ca:g}", f"{cb:g}")))
+    header = ["per micro-batch", "plain: calls", "plain (ms)", "PETRA: calls", "PETRA (ms)", "PETRA - plain (ms)"]
+    return table(header, rows, "lrrrrr")
+
+
+@renders("messages", "main")
+def messages_main(r, arg=None):
+    settings, rows = r["settings"], []
+    for name, row in need(r, "summary").items():
+        sent = row["bytes_sent_per_micro_batch"]
+        rows.append([
+            name, " / ".join(f"{b / 1e3:.1f}" for b in sent), f"{row['bytes_vs_fp32']:.3f}",
+            ms(row["seconds_per_micro_batch"]), f"{row['speedup_vs_fp32']:.3f}",
+        ])  # fmt: skip
+    header = ["message dtype", "kB sent per micro-batch (rank 0 / rank 1)", "bytes vs fp32",
+              f"ms per micro-batch (median of {settings['repeats']})", "speed vs fp32 (median of paired ratios)"]
+    return table(header, rows)
+
+
+KEPT_GRAPH_LABELS = {"backprop": "plain backprop (engine `backprop` mode)", "petra": "PETRA, recomputing (the paper)",
+                     "petra_budget": "PETRA, `memory_budget` halfway",
+                     "petra_kept": "PETRA, stored-input stages' graphs kept",
+                     "petra_all_kept": "PETRA, every stage's graph kept"}
+
+
+@renders("kept_graphs", "main")
+def kept_graphs_main(r, arg=None):
+    rows = [[KEPT_GRAPH_LABELS[name], ", ".join(map(str, r["kept"][name])) or "-",
+             f"{1e3 * r['median_s'][name]:.2f}", f"{r['ratio_to_backprop'][name]:.3f}x", mib(r["held_bytes"][name])]
+            for name in KEPT_GRAPH_LABELS if name in r["kept"]]
+    return table(["method", "stages keeping their graph", "ms per micro-batch (median)",
+                  "time / backprop (median of paired windows)", "held between ticks (MiB)"], rows, "llrrr")
+
+
+@renders("affinity", "main")
+def affinity_main(r, arg=None):
+    rows = [[row["groups"], f"{1e3 * row['free_s']:.1f}", f"{1e3 * row['bound_s']:.1f}",
+             f"{row['free_over_bound']:.3f}",
+             " / ".join(f"{t:.3f}" for t in row["tail_free"]), " / ".join(f"{t:.3f}" for t in row["tail_bound"])]
+            for row in need(r, "rows")]  # fmt: skip
+    return table(["PETRA setting", "free: ms per micro-batch (median)", "bound", "speed bound / free (paired median)",
+                  "operations' mean / median, free (rank 0 / 1)", "bound"], rows, "lrrrrr")
