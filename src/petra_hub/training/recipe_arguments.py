@@ -1,0 +1,217 @@
+"""The recipe's arguments: `ModelArguments`, `RecipeTrainingArguments` (TrainingArguments with the recipe's
+defaults) and `DataArguments`, read from the defaults, one YAML or JSON file, then command-line flags, and checked
+before any work starts (unknown config keys, flags that would shape no model, a checkpoint to resume from)."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import sys
+from dataclasses import dataclass, field, fields
+
+import yaml
+from transformers import HfArgumentParser
+from transformers.hf_argparser import string_to_bool
+from transformers.trainer_utils import IntervalStrategy, SaveStrategy, SchedulerType, get_last_checkpoint
+from transformers.training_args import OptimizerNames
+
+from ..models.families import family_of_preset, preset_names
+from .arguments import PetraTrainingArguments
+from .recipe_data import DataArguments
+
+
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+@dataclass
+class ModelArguments:
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "A saved RevNet or RevViT folder (or Hub id) to fine-tune; default: a new --model."},
+    )
+    ignore_mismatched_sizes: bool = field(
+        default=False, metadata={"help": "Fine-tuning: a new classification head when the number of labels differs."}
+    )
+    model: str = field(
+        default="revnet18", metadata={"help": "A new model: " + ", ".join(preset_names()), "aliases": ["--preset"]}
+    )
+    stem: str | None = field(
+        default=None, metadata={"help": "RevNet: cifar or imagenet; default: imagenet from 128 pixels"}
+    )
+    downsampling: str = field(default="buffered", metadata={"help": "RevNet: buffered (the paper) or invertible"})
+    hidden_sizes: str | None = field(
+        default="16,32,64,128", metadata={"help": "RevNet: per-stream widths; 'paper' or null for the preset's."}
+    )
+    embedding_size: int | None = field(
+        default=16, metadata={"help": "RevNet: stem width per stream; 0 or null for the preset's."}
+    )
+    patch_size: int | None = field(
+        default=None, metadata={"help": "RevViT: patch side; default: the preset's 16 from 128 pixels, else 4"}
+    )
+    drop_path_rate: float | None = field(
+        default=None, metadata={"help": "RevViT: stochastic depth, the last block's drop probability (rising "
+                                        "linearly from 0 at the first); default: the preset's 0"}
+    )
+
+
+# The flags that shape a new model, by family: refused for the other family and with --model_name_or_path.
+ARCHITECTURE_FLAGS = {
+    "revnet": ("stem", "downsampling", "hidden_sizes", "embedding_size"),
+    "revvit": ("patch_size", "drop_path_rate"),
+}
+CONFIG_ALIASES = {"preset": "model"}  # config-file keys of earlier releases
+
+
+def _recipe_default(name: str, value):
+    """TrainingArguments' field `name` (help text included) with the recipe's default."""
+    return field(default=value, metadata=dict(PetraTrainingArguments.__dataclass_fields__[name].metadata))
+
+
+@dataclass
+class RecipeTrainingArguments(PetraTrainingArguments):
+    """`PetraTrainingArguments` with the recipe's defaults (the README's main job)."""
+
+    output_dir: str | None = _recipe_default("output_dir", "outputs/revnet18-digits-petra")
+    do_train: bool = _recipe_default("do_train", True)
+    do_eval: bool = _recipe_default("do_eval", True)
+    eval_strategy: IntervalStrategy | str = _recipe_default("eval_strategy", "epoch")
+    per_device_train_batch_size: int = _recipe_default("per_device_train_batch_size", 32)
+    per_device_eval_batch_size: int = _recipe_default("per_device_eval_batch_size", 128)
+    learning_rate: float = _recipe_default("learning_rate", 0.05)
+    weight_decay: float = _recipe_default("weight_decay", 5e-4)
+    max_grad_norm: float = _recipe_default("max_grad_norm", 0.0)  # no clipping, as in the paper
+    num_train_epochs: float = _recipe_default("num_train_epochs", 12.0)
+    lr_scheduler_type: SchedulerType | str = _recipe_default("lr_scheduler_type", "cosine")
+    warmup_steps: float = _recipe_default("warmup_steps", 0.05)
+    logging_steps: float = _recipe_default("logging_steps", 10)
+    save_strategy: SaveStrategy | str = _recipe_default("save_strategy", "no")
+    seed: int = _recipe_default("seed", 0)
+    optim: OptimizerNames | str = _recipe_default("optim", "sgd")
+    optim_args: str | None = _recipe_default("optim_args", "momentum=0.9,nesterov=True")
+    remove_unused_columns: bool = _recipe_default("remove_unused_columns", False)  # transforms need the image column
+
+
+def build_parser() -> HfArgumentParser:
+    return HfArgumentParser(
+        (ModelArguments, DataArguments, RecipeTrainingArguments),
+        usage="%(prog)s [config.yaml | config.json] [--flag value ...]",
+        description="Train a RevNet or a RevViT with PETRA (petra_hub's recipe). A YAML/JSON file of flags may "
+                    "stand anywhere on the command line; flags given on the command line override it.",
+        allow_abbrev=False,
+    )
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+_UNSET = _Unset()
+
+
+def _field_names(parser: HfArgumentParser) -> list[str]:
+    return [f.name for dtype in parser.dataclass_types for f in fields(dtype) if f.init]
+
+
+def _split_config_file(parser: HfArgumentParser, argv: list[str]) -> tuple[str | None, list[str]]:
+    """The config file (a .yaml/.yml/.json argument that is no flag's value) and the other arguments."""
+    found, rest = [], []
+    for i, token in enumerate(argv):
+        previous = parser._option_string_actions.get(argv[i - 1]) if i else None  # argparse's option table
+        is_value = previous is not None and previous.nargs is None and "=" not in argv[i - 1]
+        if token.lower().endswith(CONFIG_SUFFIXES) and not token.startswith("-") and not is_value:
+            found.append(token)
+        else:
+            rest.append(token)
+    if len(found) > 1:
+        raise ValueError(f"one config file at most, got {found}")
+    return (found[0] if found else None), rest
+
+
+def _read_config_file(parser: HfArgumentParser, path: str) -> dict:
+    with open(path, encoding="utf-8") as handle:
+        values = json.load(handle) if path.lower().endswith(".json") else yaml.safe_load(handle)
+    values = {} if values is None else values
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: expected a mapping of argument names to values, got {type(values).__name__}")
+    values = {CONFIG_ALIASES.get(key, key): value for key, value in values.items()}
+    known = _field_names(parser)
+    unknown = [key for key in values if key not in known]
+    if unknown:
+        hints = [f"{key!r} (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(str(key), known, 1))
+                 else repr(key) for key in unknown]
+        raise ValueError(f"{path}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
+                         f"see --help for the arguments")
+    for key, value in values.items():  # YAML reads 5e-4 as a string, and 5,5 may come as a number
+        action = parser._option_string_actions[f"--{key}"]
+        try:
+            if isinstance(value, str) and action.type in (int, float, string_to_bool):
+                values[key] = action.type(value)
+            elif isinstance(value, (int, float)) and not isinstance(value, bool) and action.type is str:
+                values[key] = str(value)
+        except (TypeError, ValueError, argparse.ArgumentTypeError) as error:
+            raise ValueError(f"{path}: {key}: {value!r} is not a valid {action.type.__name__} ({error})") from None
+    return values
+
+
+def parse(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, RecipeTrainingArguments]:
+    """(model, data, training) arguments from the defaults, a config file, then command-line flags."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    config_file, flags = _split_config_file(parser, argv)
+    values = _read_config_file(parser, config_file) if config_file else {}
+    given = argparse.Namespace(**{name: _UNSET for name in _field_names(parser)})
+    parser.parse_args(flags, namespace=given)  # only the flags present replace _UNSET
+    values.update({key: value for key, value in vars(given).items() if value is not _UNSET})
+    if values.get("do_eval") is False and "eval_strategy" not in values:
+        values["eval_strategy"] = "no"  # turning evaluation off turns off the recipe's default per-epoch evaluation
+    check_architecture_flags(values)
+    model_args, data_args, training_args = parser.parse_dict(values)
+    if "output_dir" not in values:  # name the folder after what it will hold
+        training_args.output_dir = default_output_dir(model_args, data_args, training_args)
+    return model_args, data_args, training_args
+
+
+def default_output_dir(model_args: ModelArguments, data_args: DataArguments, args: PetraTrainingArguments) -> str:
+    """outputs/<model>-<data>-<mode>, e.g. outputs/revnet18-digits-petra (the default run's)."""
+    model = model_args.model_name_or_path or model_args.model
+    data = data_args.dataset_name or data_args.train_dir or data_args.dataset
+    name = "-".join(os.path.basename(os.path.normpath(str(part))) for part in (model, data))
+    return f"outputs/{name}-{args.petra_mode}"
+
+
+def check_architecture_flags(values: dict) -> None:
+    """Refuse the flags that would shape no model: another family's, or any with --model_name_or_path."""
+    given = [key for flags in ARCHITECTURE_FLAGS.values() for key in flags if values.get(key) is not None]
+    if values.get("model_name_or_path"):
+        given += ["model"] if "model" in values else []
+        if given:
+            raise ValueError(
+                f"--{given[0]} shapes a new model, but --model_name_or_path {values['model_name_or_path']!r} brings "
+                "its own architecture: drop the flag, or drop --model_name_or_path to train a new model"
+            )
+        return
+    family, values["model"] = family_of_preset(values.get("model", ModelArguments.model))
+    foreign = [key for key in given if key not in ARCHITECTURE_FLAGS[family.model_type]]
+    if foreign:
+        raise ValueError(f"--{foreign[0]} applies to another model family than --model {values['model']} "
+                         f"({family.title}), whose own flags are "
+                         f"{', '.join('--' + key for key in ARCHITECTURE_FLAGS[family.model_type])}")
+
+
+def resolve_checkpoint(value, output_dir: str) -> str | None:
+    """`resume_from_checkpoint`: a checkpoint folder, or `true` / `last` for the last `checkpoint-N` of
+    `output_dir`; None (or false) to start afresh."""
+    if value is None or value is False or str(value).strip().lower() in ("", "false", "none", "no"):
+        return None
+    if value is True or str(value).strip().lower() in ("true", "last", "yes"):
+        last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+        if last is None:
+            raise ValueError(f"resume_from_checkpoint={value!r}: there is no checkpoint-N folder in {output_dir!r} "
+                             "to resume from (save_strategy 'no' saves none)")
+        return last
+    if not os.path.isdir(value):
+        raise FileNotFoundError(f"resume_from_checkpoint: no checkpoint folder at {value!r}")
+    return str(value)
