@@ -257,8 +257,8 @@ def main(argv=None) -> dict:
     if args.baseline not in args.configs:
         progress(f"note: the baseline {args.baseline} is not among the configurations: no gaps")
     progress(
-        f"{args.model}: {len(args.configs)} configurations x {len(args.seeds)} seeds, {args.epochs:g} epochs, micro-batch "
-        f"{MICRO_BATCH}, lr = {rate}, "
+        f"{args.model}: {len(args.configs)} configurations x {len(args.seeds)} seeds, {args.epochs:g} epochs, "
+        f"micro-batch {MICRO_BATCH}, lr = {rate}, "
         f"J = {args.num_stages or 'as in the recipe'}; "
         f"{torch.get_num_threads()} thread(s), load average {load_average()}"
     )

@@ -88,7 +88,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--backends", type=str, default=None,
-        help="comma-separated torch.compile backends, each optionally NAME+isolated (default inductor; quick: aot_eager)",
+        help=(
+            "comma-separated torch.compile backends, each optionally NAME+isolated "
+            "(default inductor; quick: aot_eager)"
+        ),
     )
     parser.add_argument("--precisions", type=str, default="fp32,bf16", help="comma-separated, of fp32, bf16")
     parser.add_argument("--repeats", type=int, default=None, help="timing windows per pipeline (default 5; quick: 2)")
@@ -105,7 +108,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_out_argument(parser, "compile")
     args = parser.parse_args(argv)
     quick = args.quick
-    args.backends = [b.strip() for b in (args.backends or ("aot_eager" if quick else "inductor")).split(",") if b.strip()]
+    args.backends = [
+        b.strip() for b in (args.backends or ("aot_eager" if quick else "inductor")).split(",") if b.strip()
+    ]
     args.precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
     args.repeats = args.repeats or (2 if quick else 5)
     args.micro_batches = args.micro_batches or (3 if quick else 10)
@@ -218,7 +223,10 @@ def measure(settings, precision: str, variant: str, batches) -> dict:
 
         fill_times = {key: [] for key in pipelines}
         for key in pipelines:  # eager first: the compiled one's first steps are its compile
-            progress(f"{name}: {key} pipeline, the first {fill} micro-batches (fill{', compiling' if key == 'compiled' else ''})")
+            progress(
+                f"{name}: {key} pipeline, the first {fill} micro-batches "
+                f"(fill{', compiling' if key == 'compiled' else ''})"
+            )
             run(key, fill, fill_times[key])
         graphs_after_fill = graphs_compiled()
 
@@ -331,8 +339,8 @@ def markdown_tables(results: dict) -> str:
         f"micro-batch {settings['batch']}, PETRA k = 1, one process, {results.get('threads', 1)} thread; steady "
         f"state: median of {settings['repeats']} windows of {settings['micro_batches']} micro-batches.",
         "",
-        "| precision | backend | compile (s) | eager (ms / micro-batch) | compiled (ms / micro-batch) | compiled / eager "
-        "| max abs loss diff | graphs | recompile-limit fallbacks |",
+        "| precision | backend | compile (s) | eager (ms / micro-batch) | compiled (ms / micro-batch) "
+        "| compiled / eager | max abs loss diff | graphs | recompile-limit fallbacks |",
         "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for entry in results["configurations"]:

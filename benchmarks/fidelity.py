@@ -1,10 +1,11 @@
 #!/usr/bin/env python
-"""Gradient fidelity over training (the paper's Figures 5 and 6) on the embedded digits.
+r"""Gradient fidelity over training (the paper's Figures 5 and 6) on the embedded digits.
 
     python benchmarks/fidelity.py            # RevNet18, J = 10, PETRA k = 1, 12 epochs, 15 probes per epoch (~2 min)
     python benchmarks/fidelity.py --quick    # 1 epoch: fidelity-quick.json, no pictures
     python benchmarks/fidelity.py --seeds 0 1 2 --every 3
-    python benchmarks/fidelity.py --seeds 0 1 2 --remedy predict --no-pictures --out benchmarks/results/fidelity_predict.json
+    python benchmarks/fidelity.py --seeds 0 1 2 --remedy predict --no-pictures \
+        --out benchmarks/results/fidelity_predict.json
 
 Each run is the recipe (`recipes/train_revnet.py`, as in accuracy_digits.py: micro-batch 32, lr 0.05, cosine
 schedule) with `--petra_gradient_fidelity_steps EVERY`, i.e. `GradientFidelityCallback`: the first micro-batch of

@@ -56,7 +56,9 @@ def plot_k_sweep(result: dict, path: Path) -> Path:
 def main(argv=None) -> list[Path]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results" / "memory.json")
-    parser.add_argument("--k-sweep", type=Path, default=ROOT / "benchmarks" / "results" / "accuracy_digits_k_sweep.json")
+    parser.add_argument(
+        "--k-sweep", type=Path, default=ROOT / "benchmarks" / "results" / "accuracy_digits_k_sweep.json"
+    )
     parser.add_argument("--images", type=Path, default=ROOT / "docs" / "images")
     args = parser.parse_args(argv)
     result = json.loads(args.results.read_text())

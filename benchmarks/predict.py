@@ -7,12 +7,12 @@
 
 The stages are measured here, on one CPU core (3 rounds of every profile, interleaved, each stage's times the median
 of the rounds), under PETRA and under the synchronous reversible backprop (`profile_stages`: the same operations,
-forward and the fused reconstruction and backward, but not the same engine overhead per tick). `simulate` then replays PETRA and the synchronous model-parallel reversible backprop
-(the paper's Table 5 baseline, the same operations one micro-batch at a time) on 2 devices up to one stage per
-device (J = 10 for RevNet18, 18 for RevNet34/50), each device running the contiguous group `Placement.auto` gives
-it, over three links: PCIe 4.0 x16 (25 GB/s, 10 us), NVLink (300 GB/s, 5 us), and this machine's loopback as the
-engine uses it (benchmarks/results/simulator.json). Every device is assumed as fast as this core, and the engine's
-own time per tick is the one measured here.
+forward and the fused reconstruction and backward, but not the same engine overhead per tick). `simulate` then replays
+PETRA and the synchronous model-parallel reversible backprop (the paper's Table 5 baseline, the same operations one
+micro-batch at a time) on 2 devices up to one stage per device (J = 10 for RevNet18, 18 for RevNet34/50), each device
+running the contiguous group `Placement.auto` gives it, over three links: PCIe 4.0 x16 (25 GB/s, 10 us), NVLink
+(300 GB/s, 5 us), and this machine's loopback as the engine uses it (benchmarks/results/simulator.json). Every device is
+assumed as fast as this core, and the engine's own time per tick is the one measured here.
 
 Against the strongest synchronous rival at equal memory: the stages are also profiled under the engine's `backprop`
 mode (forward, and backward through the kept graph), and `simulate_1f1b` replays torch's `Schedule1F1B` on each
@@ -215,8 +215,11 @@ def predict_model(preset: str, quick: bool, rounds: int, kept_memory: int) -> di
                      f"{rows[-1]['speedup']:.2f}x (this split's cap {cap:.2f}x)")
     fast = {}  # devices 100x faster than this core, the engine's own time per tick and the link unchanged
     for name, (bandwidth, latency) in links().items():
-        quick_costs, quick_naive = ([replace(c, forward_s=c.forward_s / 100, backward_s=c.backward_s / 100,
-                                             update_s=c.update_s / 100) for c in group] for group in (costs, naive_costs))
+        quick_costs, quick_naive = (
+            [replace(c, forward_s=c.forward_s / 100, backward_s=c.backward_s / 100, update_s=c.update_s / 100)
+             for c in group]
+            for group in (costs, naive_costs)
+        )
         placement = Placement.from_sizes([1] * len(costs))
         petra = simulate("petra", quick_costs, placement, bandwidth, latency)
         naive = simulate("reversible_backprop", quick_naive, placement, bandwidth, latency, micro_batches=8)

@@ -1,4 +1,5 @@
-"""Train a RevNet with PETRA: `OMP_NUM_THREADS=1 accelerate launch --config_file accelerate_config.yaml recipes/train_revnet.py`.
+"""Train a RevNet with PETRA:
+`OMP_NUM_THREADS=1 accelerate launch --config_file accelerate_config.yaml recipes/train_revnet.py`.
 `--model revvit-tiny` (or `recipes/configs/digits_revvit_tiny.yaml`) trains a RevViT instead.
 
 With no arguments: a small RevNet18 on the embedded digits data, PETRA across the launched processes, 12 epochs,

@@ -5,8 +5,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
@@ -56,7 +54,9 @@ def test_quick_predictions(tmp_path, report):
         lightest = row["petra_per_device"] or {"peak_bytes": row["petra_peak_bytes"]}
         assert budgets[0]["peak_bytes"] <= 1.05 * lightest["peak_bytes"]  # none kept, or a setting as light
         assert budgets[-1]["time_s"] <= 1.05 * kept["time_s"]  # every graph kept, or a setting as fast
-        assert all(a["peak_bytes"] < b["peak_bytes"] and a["time_s"] > b["time_s"] for a, b in zip(budgets, budgets[1:]))
+        assert all(
+            a["peak_bytes"] < b["peak_bytes"] and a["time_s"] > b["time_s"] for a, b in zip(budgets, budgets[1:])
+        )
         assert kept["peak_bytes"] > (row["petra_per_device"] or {"peak_bytes": row["petra_peak_bytes"]})["peak_bytes"]
     table = report.render("predict/rivals", tmp_path)
     # J = 10 on 2, 4, 5, 10 devices; one stage per device on 2, 4, 5; the same keeping graphs on all 4

@@ -118,7 +118,9 @@ def _training_with_failure(rank, world_size, victim_stage, action, timeout, cloc
     stages = model.get_stages()
     # The handshake runs one dry forward; the failure happens a few ticks into training.
     stages[victim_stage] = _Saboteur(stages[victim_stage], after=4, action=action, clock_file=clock_file)
-    pipeline = Pipeline(stages, lambda o, t: F.cross_entropy(o, t), mode="petra", optimizer_factory=sgd, timeout=timeout)
+    pipeline = Pipeline(
+        stages, lambda o, t: F.cross_entropy(o, t), mode="petra", optimizer_factory=sgd, timeout=timeout
+    )
     for images, labels in micro_batches(model.config, count=40):
         pipeline.step(images, labels)
     pipeline.drain()

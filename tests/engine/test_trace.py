@@ -29,7 +29,9 @@ def test_every_operation_is_one_event_in_schedule_order():
     pipeline = traced_run()
     events = pipeline.trace_events()
     J = pipeline.num_stages
-    counts = {kind: sum(e.kind == kind for e in events) for kind in ("forward", "backward", "forward+backward", "update")}
+    counts = {
+        kind: sum(e.kind == kind for e in events) for kind in ("forward", "backward", "forward+backward", "update")
+    }
     assert counts == {"forward": (J - 1) * MICRO_BATCHES, "backward": (J - 1) * MICRO_BATCHES,
                       "forward+backward": MICRO_BATCHES, "update": J * MICRO_BATCHES}
     assert all(e.end >= e.start for e in events)
@@ -75,4 +77,6 @@ def test_two_processes_gather_every_rank_with_its_exchanges(tmp_path):
     assert events == results[1]["value"]  # gathered on every rank
     assert {stage for _, rank, stage, _ in events if rank == 0 and stage != EXCHANGE} == set(range(5))
     assert {stage for _, rank, stage, _ in events if rank == 1 and stage != EXCHANGE} == set(range(5, 10))
-    assert all(sum(1 for kind, r, _, _ in events if kind == "exchange" and r == rank) > MICRO_BATCHES for rank in (0, 1))
+    assert all(
+        sum(1 for kind, r, _, _ in events if kind == "exchange" and r == rank) > MICRO_BATCHES for rank in (0, 1)
+    )

@@ -26,7 +26,9 @@ from tests.engine.test_pipeline import assert_frozen_weights_give_the_backprop_g
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 CUDA = torch.device("cuda")
-VARIANTS = [(preset, downsampling) for preset in ("revnet18", "revnet50") for downsampling in ("buffered", "invertible")]
+VARIANTS = [
+    (preset, downsampling) for preset in ("revnet18", "revnet50") for downsampling in ("buffered", "invertible")
+]
 AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -71,7 +73,9 @@ def test_streams_stay_float32_and_invert_under_cuda_autocast(preset, downsamplin
     low_precision_outputs = set()
     for stage, x in cuda_stage_cases(preset, downsampling, dtype=torch.float32):
         convolutions = [m for m in stage.modules() if isinstance(m, torch.nn.Conv2d)]
-        handles = [m.register_forward_hook(lambda m, a, out: low_precision_outputs.add(out.dtype)) for m in convolutions]
+        handles = [
+            m.register_forward_hook(lambda m, a, out: low_precision_outputs.add(out.dtype)) for m in convolutions
+        ]
         autocast = torch.autocast("cuda", dtype=dtype, enabled=dtype is not None)
         with torch.no_grad(), frozen_running_stats(stage), autocast:
             y = stage(x)

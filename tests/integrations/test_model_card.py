@@ -63,7 +63,9 @@ def test_card_metadata_and_body_round_trip(tmp_path):
     assert card.data.to_dict()["model-index"][0]["name"] == summary.model_name
 
     body = card.text
-    architecture = "RevNet-18 (revnet18): basic blocks in layers of 2/2/2/2 (8 blocks), widths 64/128/256/512 per stream"
+    architecture = (
+        "RevNet-18 (revnet18): basic blocks in layers of 2/2/2/2 (8 blocks), widths 64/128/256/512 per stream"
+    )
     for needle in (architecture, "`petra`", "Pipeline stages (J) | 10", "Accumulation steps (k) | 4", "Processes | 10",
                    "RevNet-18", "revnet18", "91.37 %", "12,211,048", "8x H100 (NCCL)", "| stem | cifar |",
                    f"| warm-up | {NOT_RECORDED} |", f'from_pretrained("{REPO_ID}")', "trust_remote_code=True",

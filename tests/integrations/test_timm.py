@@ -183,7 +183,9 @@ def test_pretrained_from_other_checkpoints(tmp_path, layout):
     torch.manual_seed(1)
     reference = timm.create_model("revnet18", num_classes=10, **TINY).eval()
     if layout == "timm":
-        save_file({key: value.contiguous() for key, value in reference.state_dict().items()}, tmp_path / "w.safetensors")
+        save_file(
+            {key: value.contiguous() for key, value in reference.state_dict().items()}, tmp_path / "w.safetensors"
+        )
     else:
         reference.model.revnet.save_pretrained(tmp_path)
     [file] = tmp_path.glob("*.safetensors")

@@ -41,7 +41,9 @@ def test_stages_in_sequence_equal_the_model(preset, downsampling):
 def test_reversible_stages_are_the_paper_layout(preset, downsampling):
     model = small_model(preset, downsampling=downsampling)
     layout = PAPER_LAYOUTS[preset]
-    assert stage_layout(model.get_stages()) == (layout if downsampling == "buffered" else "S" + "R" * (len(layout) - 2) + "H")
+    assert stage_layout(model.get_stages()) == (
+        layout if downsampling == "buffered" else "S" + "R" * (len(layout) - 2) + "H"
+    )
 
 
 class TestRevNetStageContract(ReversibleStageContract):
@@ -64,7 +66,9 @@ def test_invertible_variant_makes_every_block_reversible():
 
 
 def running_stats(module):
-    return [(bn.running_mean.clone(), bn.running_var.clone(), int(bn.num_batches_tracked)) for bn in batch_norms(module)]
+    return [
+        (bn.running_mean.clone(), bn.running_var.clone(), int(bn.num_batches_tracked)) for bn in batch_norms(module)
+    ]
 
 
 def test_frozen_forward_leaves_running_stats_untouched():

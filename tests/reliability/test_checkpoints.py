@@ -41,7 +41,9 @@ def test_one_huge_pixel_stops_the_run_naming_the_stage_and_tensor(tmp_path):
     for name in checkpoints(tmp_path):  # every checkpoint written is finite
         from safetensors.torch import load_file
 
-        assert all(torch.isfinite(t).all() for t in load_file(str(tmp_path / name / "model.safetensors")).values()), name
+        assert all(
+            torch.isfinite(t).all() for t in load_file(str(tmp_path / name / "model.safetensors")).values()
+        ), name
 
 
 def test_divergence_never_writes_a_poisoned_checkpoint(tmp_path):
@@ -51,7 +53,9 @@ def test_divergence_never_writes_a_poisoned_checkpoint(tmp_path):
     from safetensors.torch import load_file
 
     for name in checkpoints(tmp_path):
-        assert all(torch.isfinite(t).all() for t in load_file(str(tmp_path / name / "model.safetensors")).values()), name
+        assert all(
+            torch.isfinite(t).all() for t in load_file(str(tmp_path / name / "model.safetensors")).values()
+        ), name
 
 
 def test_a_kill_while_saving_keeps_the_last_complete_checkpoint(tmp_path, monkeypatch):
@@ -141,7 +145,9 @@ def test_a_damaged_checkpoint_names_the_file(tmp_path, name, damage):
     make_trainer(tmp_path / "run", max_steps=2, save_strategy="steps", save_steps=2).train()
     damage(tmp_path / "run" / "checkpoint-2" / name)
     with pytest.raises((ValueError, FileNotFoundError), match=name.replace(".", r"\.")):
-        make_trainer(tmp_path / "resumed", max_steps=4).train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
+        make_trainer(tmp_path / "resumed", max_steps=4).train(
+            resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2")
+        )
 
 
 def test_every_label_is_checked_before_training(tmp_path):

@@ -73,7 +73,10 @@ def random_stages():
 def micro_batches():
     generator = torch.Generator().manual_seed(1)
     return [
-        (torch.randn(8, 5, generator=generator, dtype=torch.float64), torch.randint(0, CLASSES, (8,), generator=generator))
+        (
+            torch.randn(8, 5, generator=generator, dtype=torch.float64),
+            torch.randint(0, CLASSES, (8,), generator=generator),
+        )
         for _ in range(COUNT)
     ]
 

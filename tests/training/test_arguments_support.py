@@ -31,7 +31,10 @@ FIELDS = {field.name: field for field in dataclasses.fields(PetraTrainingArgumen
 
 
 def by_status(status: str) -> list[str]:
-    return [name for name in FIELDS if name in TRAINING_ARGUMENT_SUPPORT and TRAINING_ARGUMENT_SUPPORT[name].status == status]
+    return [
+        name for name in FIELDS
+        if name in TRAINING_ARGUMENT_SUPPORT and TRAINING_ARGUMENT_SUPPORT[name].status == status
+    ]
 
 
 def default_of(field: dataclasses.Field):
@@ -205,7 +208,10 @@ def test_a_subclass_cannot_turn_a_refused_feature_on_by_default(tmp_path):
         (dict(lr_scheduler_type="reduce_lr_on_plateau", eval_strategy="epoch"), "lr_scheduler_type"),
         (dict(lr_scheduler_type="greedy", eval_strategy="epoch"), "lr_scheduler_type"),
         (dict(lr_scheduler_type="cosine", petra_lr_milestones="2,4"), "lr_scheduler_type"),
-        (dict(lr_scheduler_type="constant", lr_scheduler_kwargs={"x": 1}, petra_lr_milestones="2"), "lr_scheduler_kwargs"),
+        (
+            dict(lr_scheduler_type="constant", lr_scheduler_kwargs={"x": 1}, petra_lr_milestones="2"),
+            "lr_scheduler_kwargs",
+        ),
         (dict(save_strategy="best", metric_for_best_model="accuracy"), "save_strategy"),
         (dict(optim="adamw_torch", optim_args="null"), "optim_args"),  # crashed inside Trainer's optimizer setup
     ],

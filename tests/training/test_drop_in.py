@@ -16,7 +16,7 @@ from petra_hub.data import collate_image_batch, load_image_dataset, take
 from petra_hub.testing.models import small_config
 from petra_hub.training import EpochSampler
 from petra_hub.training.distributed import requested_processes
-from tests.training.test_trainer import Recorder, accuracy, make_trainer
+from tests.training.test_trainer import Recorder, make_trainer
 
 
 def state_of(model):

@@ -12,7 +12,9 @@ from tests.training.test_trainer import make_trainer
 
 def as_launched(rank: int, world_size: int) -> None:
     """What `accelerate launch` would set: accelerate reads these to see the processes."""
-    os.environ.update(WORLD_SIZE=str(world_size), RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+    os.environ.update(
+        WORLD_SIZE=str(world_size), RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size)
+    )
 
 
 def checksum(model) -> dict[str, float]:

@@ -24,7 +24,8 @@ def test_arguments_build_the_engine_policy(tmp_path):
         "fp16", streams="bf16", messages="fp16")
     assert make(torch_compile=True).compile_options() == {"backend": "inductor"}
     assert make(torch_compile_mode="max-autotune").compile_options() == {"backend": "inductor", "mode": "max-autotune"}
-    for bad, named in ((dict(petra_streams="bf16"), "petra_streams"), (dict(petra_streams="fp8", bf16=True), "petra_streams"),
+    for bad, named in ((dict(petra_streams="bf16"), "petra_streams"),
+                       (dict(petra_streams="fp8", bf16=True), "petra_streams"),
                        (dict(petra_message_dtype="int8"), "petra_message_dtype"),
                        (dict(petra_check_reconstruction_every=-1), "petra_check_reconstruction_every")):
         with pytest.raises(ValueError, match=named):

@@ -50,7 +50,9 @@ def make_trainer(tmp_path, train=None, callbacks=None, seed=0, widths=None, init
         train_dataset=train,
         eval_dataset=test,
         data_collator=collate_image_batch,
-        processing_class=image_processor_for(train.info) if isinstance(getattr(train, "info", None), DatasetInfo) else None,
+        processing_class=(
+            image_processor_for(train.info) if isinstance(getattr(train, "info", None), DatasetInfo) else None
+        ),
         compute_metrics=accuracy,
         callbacks=callbacks,
     )
@@ -125,9 +127,9 @@ def test_resume_from_checkpoint_equals_the_uninterrupted_run(tmp_path):
     expected = state_of(full.model)
     checkpoints = sorted(p.name for p in (tmp_path / "full").iterdir() if p.name.startswith("checkpoint-"))
     assert checkpoints == ["checkpoint-6", "checkpoint-8"]  # save_total_limit=2 rotated out 2 and 4
-    assert sorted(p.name for p in (tmp_path / "full" / "checkpoint-6").iterdir() if p.name.startswith("petra_stage_")) == [
-        f"petra_stage_{i:03d}.pt" for i in range(10)
-    ]
+    assert sorted(
+        p.name for p in (tmp_path / "full" / "checkpoint-6").iterdir() if p.name.startswith("petra_stage_")
+    ) == [f"petra_stage_{i:03d}.pt" for i in range(10)]
 
     resumed = make_trainer(tmp_path / "resumed", init_seed=123, max_steps=8, save_strategy="steps", save_steps=2)
     resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-6"))

@@ -89,7 +89,9 @@ class Mode(str, Enum):
 
 _POLICIES = {
     Mode.BACKPROP: BufferPolicy(pipelined=False, reconstructs=False, stashes_weights=False, keeps_graph=True),
-    Mode.REVERSIBLE_BACKPROP: BufferPolicy(pipelined=False, reconstructs=True, stashes_weights=False, keeps_graph=False),
+    Mode.REVERSIBLE_BACKPROP: BufferPolicy(
+        pipelined=False, reconstructs=True, stashes_weights=False, keeps_graph=False
+    ),
     Mode.DELAYED: BufferPolicy(pipelined=True, reconstructs=False, stashes_weights=True, keeps_graph=False),
     Mode.INPUT_BUFFER: BufferPolicy(pipelined=True, reconstructs=False, stashes_weights=False, keeps_graph=False),
     Mode.WEIGHT_STASH: BufferPolicy(pipelined=True, reconstructs=True, stashes_weights=True, keeps_graph=False),

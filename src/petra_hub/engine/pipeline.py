@@ -164,7 +164,8 @@ class Pipeline(Readings):
         reconstructs = [self.mode.rebuilds_input(stage, index in self.kept_graphs)
                         for index, stage in enumerate(self.stages)]
         self.router = Router(
-            self.rank, self.local, len(self.stages), reconstructs, self.schedule, self.transport, self.precision.messages
+            self.rank, self.local, len(self.stages), reconstructs, self.schedule, self.transport,
+            self.precision.messages
         )
         self.workers: dict[int, StageWorker] = {}
         reduce = None if self.replicas is None else functools.partial(  # replicas average gradients before updates

@@ -59,7 +59,9 @@ class ActivationSpec:
         return tuple(parts) if self.is_tuple else parts[0]
 
     def describe(self) -> str:
-        shapes = ", ".join(f"[B, {', '.join(map(str, t.shape))}] {str(t.dtype).replace('torch.', '')}" for t in self.tensors)
+        shapes = ", ".join(
+            f"[B, {', '.join(map(str, t.shape))}] {str(t.dtype).replace('torch.', '')}" for t in self.tensors
+        )
         return f"({shapes})" if self.is_tuple else shapes
 
 

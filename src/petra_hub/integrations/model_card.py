@@ -6,9 +6,9 @@
     write_model_card("out/revnet18-cifar10-petra", summary, repo_id="me/revnet18-cifar10-petra")
 
 The card text comes from the jinja2 template of the model's family (``model_cards/revnet.md``,
-``model_cards/revvit.md``, each extending the shared ``model_cards/card.md``); its YAML header (license, tags, data sets,
-``model-index`` with the evaluated metrics) is built with ``huggingface_hub.ModelCardData``. The words about a mode
-come from :class:`petra_hub.engine.Mode`, those about a data set from :func:`petra_hub.data.dataset_spec`, the
+``model_cards/revvit.md``, each extending the shared ``model_cards/card.md``); its YAML header (license, tags,
+data sets, ``model-index`` with the evaluated metrics) is built with ``huggingface_hub.ModelCardData``. The words about
+a mode come from :class:`petra_hub.engine.Mode`, those about a data set from :func:`petra_hub.data.dataset_spec`, the
 formatted values and the how-to snippet from :mod:`petra_hub.integrations.model_card_text`.
 :func:`petra_hub.training.card.write_run_card` fills a summary from a ``PetraTrainer``.
 """

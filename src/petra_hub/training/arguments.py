@@ -53,7 +53,9 @@ class PetraTrainingArguments(TrainingArguments):
     )
     overwrite_output_dir: bool = field(
         default=False,
-        metadata={"help": "Train into an output_dir that holds another run's checkpoints or model (refused otherwise)."},
+        metadata={
+            "help": "Train into an output_dir that holds another run's checkpoints or model (refused otherwise)."
+        },
     )
     petra_timeout: float = field(
         default=120.0, metadata={"help": "Seconds before a dead or stalled peer process becomes an error."}
@@ -121,7 +123,9 @@ class PetraTrainingArguments(TrainingArguments):
         if self.petra_delay_lr_warmup < 0:
             raise ValueError(f"petra_delay_lr_warmup must be >= 0 (0: off), got {self.petra_delay_lr_warmup}")
         if self.petra_gradient_fidelity_steps < 0:
-            raise ValueError(f"petra_gradient_fidelity_steps must be >= 0 (0: off), got {self.petra_gradient_fidelity_steps}")
+            raise ValueError(
+                f"petra_gradient_fidelity_steps must be >= 0 (0: off), got {self.petra_gradient_fidelity_steps}"
+            )
         self.milestones()
         self.memory_budget_bytes()  # validates the format
         if self.optim_args and any(pair.count("=") != 1 for pair in self.optim_args.replace(" ", "").split(",")):
@@ -147,7 +151,8 @@ class PetraTrainingArguments(TrainingArguments):
             return [int(part) for part in str(self.petra_partition).split(",")]
         except ValueError:
             raise ValueError(
-                f"petra_partition must be 'auto' or comma-separated stage counts like '5,5', got {self.petra_partition!r}"
+                "petra_partition must be 'auto' or comma-separated stage counts like '5,5', "
+                f"got {self.petra_partition!r}"
             ) from None
 
     def stage_groups(self, model_stages: int | None) -> int | list[int]:

@@ -70,7 +70,9 @@ def check_first_batch(model, collator, dataset, what: str = "train_dataset") -> 
     if not torch.is_tensor(labels):
         raise ValueError(f"'labels' must be a tensor, got {type(labels).__name__} from {what}")
     if num_labels and not labels.is_floating_point() and not 0 <= int(labels.min()) <= int(labels.max()) < num_labels:
-        raise ValueError(f"labels must lie in [0, {num_labels - 1}], got {labels.tolist()} in the first items of {what}")
+        raise ValueError(
+            f"labels must lie in [0, {num_labels - 1}], got {labels.tolist()} in the first items of {what}"
+        )
 
 
 def make_loader(args, collator, dataset, batch_size: int, sampler=None) -> DataLoader:
@@ -130,7 +132,9 @@ def check_all_labels(dataset, num_labels: int | None, what: str = "train_dataset
     if labels is None or not num_labels or labels.numel() == 0:
         return
     if labels.is_floating_point():
-        raise ValueError(f"{what} has floating-point labels ({labels[:5].tolist()}, ...): class labels must be integers")
+        raise ValueError(
+            f"{what} has floating-point labels ({labels[:5].tolist()}, ...): class labels must be integers"
+        )
     low, high = int(labels.min()), int(labels.max())
     if low < 0 or high >= num_labels:
         bad = int(((labels < 0) | (labels >= num_labels)).nonzero()[0])

@@ -117,7 +117,9 @@ def validate_checkpoint(folder: str, num_stages: int) -> None:
         with safe_open(str(Path(folder, "model.safetensors")), framework="pt") as handle:
             handle.keys()
     except Exception as error:
-        raise ValueError(f"{Path(folder, 'model.safetensors')} is unreadable (the checkpoint is incomplete): {error}") from None
+        raise ValueError(
+            f"{Path(folder, 'model.safetensors')} is unreadable (the checkpoint is incomplete): {error}"
+        ) from None
 
 
 def save_stage_states(folder: str | Path, pipeline: Pipeline) -> None:

@@ -61,5 +61,7 @@ def run_inference(
         dist.broadcast_object_list(holder, src=pipeline.last_stage_rank)
         result = holder[0]
     result.metrics.update(speed_metrics(prefix, start, num_samples=seen, num_steps=batches))
-    result.metrics = {k: (float(v) if isinstance(v, (np.floating, np.integer)) else v) for k, v in result.metrics.items()}
+    result.metrics = {
+        k: (float(v) if isinstance(v, (np.floating, np.integer)) else v) for k, v in result.metrics.items()
+    }
     return result

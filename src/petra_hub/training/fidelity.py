@@ -33,7 +33,9 @@ class GradientFidelityCallback(TrainerCallback):
     def __init__(self, every_n_steps: int = 50, stages: list[int] | None = None,
                  history_file: str | None = HISTORY_FILE):
         if not isinstance(every_n_steps, int) or every_n_steps < 1:
-            raise ValueError(f"GradientFidelityCallback(every_n_steps=...) must be a positive integer, got {every_n_steps!r}")
+            raise ValueError(
+                f"GradientFidelityCallback(every_n_steps=...) must be a positive integer, got {every_n_steps!r}"
+            )
         self.every_n_steps = every_n_steps
         self.stages = None if stages is None else sorted(set(stages))
         self.history_file = history_file

@@ -80,7 +80,8 @@ def check_not_another_run(folder: str, resume_from_checkpoint: str | None, overw
     found = sorted(p.name for p in Path(folder).iterdir() if p.name.startswith("checkpoint-") or p.name in RUN_FILES)
     if found:
         raise FileExistsError(
-            f"output_dir {folder!r} already holds another run ({', '.join(found[:3])}{', ...' if len(found) > 3 else ''}): "
+            f"output_dir {folder!r} already holds another run "
+            f"({', '.join(found[:3])}{', ...' if len(found) > 3 else ''}): "
             "choose another output_dir, resume from one of its checkpoints, or set overwrite_output_dir=True"
         )
 

@@ -13,7 +13,9 @@ from ..engine.optim import weight_decay_groups
 from .arguments import PetraTrainingArguments
 
 
-def optimizer_factory(args: PetraTrainingArguments, model: nn.Module) -> Callable[[int, nn.Module], torch.optim.Optimizer]:
+def optimizer_factory(
+    args: PetraTrainingArguments, model: nn.Module
+) -> Callable[[int, nn.Module], torch.optim.Optimizer]:
     """The Trainer's optimizer choice (`args.optim`, `optim_args`), one per stage; no weight decay on biases and
     norms (as in the paper)."""
     optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)

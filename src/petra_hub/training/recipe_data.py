@@ -289,5 +289,10 @@ def normalisation(processor) -> tuple[tuple[float, ...], tuple[float, ...]]:
                 "(check preprocessor_config.json)"
             )
         if name == "image_std" and not all(v > 0 for v in numbers):
-            raise ValueError(f"the image processor's image_std must be positive, got {values!r} (check preprocessor_config.json)")
-    return tuple(mean) if isinstance(mean, (list, tuple)) else (mean,) * 3, tuple(std) if isinstance(std, (list, tuple)) else (std,) * 3
+            raise ValueError(
+                f"the image processor's image_std must be positive, got {values!r} (check preprocessor_config.json)"
+            )
+    return (
+        tuple(mean) if isinstance(mean, (list, tuple)) else (mean,) * 3,
+        tuple(std) if isinstance(std, (list, tuple)) else (std,) * 3,
+    )

@@ -20,7 +20,9 @@ class EpochSampler(Sampler[int]):
 
     def __iter__(self):
         if self.shuffle:
-            order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch))
+            order = torch.randperm(
+                self.size, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+            )
         else:
             order = torch.arange(self.size)
         share = order[self.replica :: self.replicas][: self.size // self.replicas]

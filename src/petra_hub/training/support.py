@@ -225,7 +225,8 @@ def markdown_table() -> str:
         counts[support.status] += 1
         default = _field_default(field)
         rows.append(
-            f"| `{field.name}` | `{_cell(repr(default))}` | {support.status.replace('_', ' ')} | {_cell(support.note)} |"
+            f"| `{field.name}` | `{_cell(repr(default))}` | {support.status.replace('_', ' ')} "
+            f"| {_cell(support.note)} |"
         )
     summary = (
         f"{len(fields)} fields: {counts[HONOURED]} honoured, {counts[REFUSED]} refused, "

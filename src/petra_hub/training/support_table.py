@@ -133,7 +133,9 @@ TRAINING_ARGUMENT_SUPPORT: dict[str, FieldSupport] = {
         "key/value cache of generative models; the Trainer copies it onto model.config, which RevNet never reads"
     ),
     "neftune_noise_alpha": _refused("NEFTune adds noise to token embeddings; image models have none"),
-    "torch_empty_cache_steps": _refused("the PETRA training loop never empties the device cache, so it would be ignored"),
+    "torch_empty_cache_steps": _refused(
+        "the PETRA training loop never empties the device cache, so it would be ignored"
+    ),
     "auto_find_batch_size": _refused(
         "retrying with a smaller micro-batch after an out-of-memory error would leave the other ranks waiting in a "
         "collective; set per_device_train_batch_size"

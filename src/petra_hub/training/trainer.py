@@ -27,7 +27,15 @@ from transformers.trainer_utils import PredictionOutput, TrainOutput, get_last_c
 
 from ..engine import Pipeline, group_sizes, merge_stages, replica_of
 from .arguments import PetraTrainingArguments
-from .batches import check_all_labels, check_first_batch, dataset_label, epoch_batches, make_loader, plan_steps, split_batch
+from .batches import (
+    check_all_labels,
+    check_first_batch,
+    dataset_label,
+    epoch_batches,
+    make_loader,
+    plan_steps,
+    split_batch,
+)
 from .batches import repeated_first_batch
 from .card import write_run_card
 from .checkpoint import PetraState, load_best_model, load_stage_states, validate_checkpoint, write_checkpoint
@@ -52,7 +60,9 @@ class PetraTrainer(Trainer):
         super().__init__(model, args, *positional, **kwargs)
         if not hasattr(self.model, "get_stages"):
             raise ValueError("PetraTrainer needs a model with get_stages(), such as RevNetForImageClassification")
-        if args.label_smoothing_factor and getattr(self.model.config, "problem_type", None) not in (None, "single_label_classification"):
+        if args.label_smoothing_factor and getattr(self.model.config, "problem_type", None) not in (
+            None, "single_label_classification"
+        ):
             raise ValueError(
                 f"label_smoothing_factor={args.label_smoothing_factor} needs single-label classification, but the "
                 f"model's problem_type is {self.model.config.problem_type!r}"
@@ -162,7 +172,9 @@ class PetraTrainer(Trainer):
         loader = self.get_train_dataloader()
         check_first_batch(self.model, self.data_collator, loader.dataset)
         if args.petra_partition == "auto" or args.memory_budget_bytes() is not None:  # measured on it
-            self._profile_batch = repeated_first_batch(self.data_collator, loader.dataset, args.per_device_train_batch_size)
+            self._profile_batch = repeated_first_batch(
+                self.data_collator, loader.dataset, args.per_device_train_batch_size
+            )
         check_all_labels(self.train_dataset, getattr(self.model.config, "num_labels", None))
         per_epoch, steps_per_epoch, max_steps = plan_steps(loader, args)
 
@@ -212,7 +224,9 @@ class PetraTrainer(Trainer):
             if offset == 0:
                 self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
             fed_this_epoch, stopped = offset, False
-            for batch in epoch_batches(loader, self.train_dataset, epoch, offset, self.replica, self.args.petra_data_parallel):
+            for batch in epoch_batches(
+                loader, self.train_dataset, epoch, offset, self.replica, self.args.petra_data_parallel
+            ):
                 if self.pipeline.fed_in_group == 0:
                     self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
                 self._feed(batch)
@@ -270,7 +284,9 @@ class PetraTrainer(Trainer):
         if resume_from_checkpoint is True:
             resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
             if resume_from_checkpoint is None:
-                raise ValueError(f"resume_from_checkpoint=True, but output_dir {self.args.output_dir!r} holds no checkpoint")
+                raise ValueError(
+                    f"resume_from_checkpoint=True, but output_dir {self.args.output_dir!r} holds no checkpoint"
+                )
         if resume_from_checkpoint:  # before transformers reads any of it
             validate_checkpoint(resume_from_checkpoint, len(self.stages))
         try:

@@ -77,7 +77,8 @@ class RevNetConfig(PretrainedConfig):
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "RevNetConfig":
-        """Build the configuration of a named paper model, e.g. `from_preset("revnet18", stem="cifar", num_labels=10)`."""
+        """Build the configuration of a named paper model, e.g.
+        `from_preset("revnet18", stem="cifar", num_labels=10)`."""
         key = canonical_preset(name)
         if key is None:
             raise ValueError(f"Unknown RevNet preset {name!r}; expected one of {sorted(PRESETS)}.")

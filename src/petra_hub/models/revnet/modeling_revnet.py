@@ -245,7 +245,10 @@ class RevNetPreTrainedModel(PreTrainedModel):
             _check_config_file(os.path.join(folder, "config.json"))
         loaded = super().from_pretrained(*args, **kwargs)
         model = loaded[0] if isinstance(loaded, tuple) else loaded
-        bad = [name for name, tensor in model.state_dict().items() if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
+        bad = [
+            name for name, tensor in model.state_dict().items()
+            if tensor.is_floating_point() and not torch.isfinite(tensor).all()
+        ]
         if bad:
             shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
             warnings.warn(f"{cls.__name__}.from_pretrained: non-finite values (NaN or inf) in {shown}", stacklevel=2)
