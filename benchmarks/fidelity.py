@@ -37,7 +37,7 @@ import torch  # noqa: E402
 
 from accuracy_digits import RECIPE, REMEDIES, recipe_argv, run_recipe  # noqa: E402
 from common import add_out_argument, load_average, progress, results_path, write_results  # noqa: E402
-from report import run_records  # noqa: E402
+from report_tables.fidelity import run_records  # noqa: E402
 from petra_hub.training import GradientFidelityCallback  # noqa: E402
 
 IMAGES = HERE.parent / "docs" / "images"

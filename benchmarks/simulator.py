@@ -18,8 +18,8 @@ predicts the same from the profile and the link; the JSON holds both and the rel
 checkpointed, and checkpointed on every chunk but the last) is measured the same way at each n_microbatches m and
 predicted by `simulate_schedule` from the stages profiled under the engine's `backprop` mode (the ranks paying for
 each transfer, as processes sharing this machine's cores do, and with torch's buffers; beside it the prediction with
-transfers overlapping compute and the memory the schedule itself needs); `--rival-schedules`
-adds torch's multi-chunk schedules (rivals.py's names, on its 2W chunks, without and with checkpointing). Every run's allocation
+transfers overlapping compute and the memory the schedule itself needs); `--rival-schedules` adds torch's
+multi-chunk schedules (rivals.py's names, on its 2W chunks, without and with checkpointing). Every run's allocation
 peak per rank (`rivals.pipeline_peak`, measured fresh as the throughput benchmark does) stands beside the
 simulated peak memory, both without the parameters.
 """
@@ -98,9 +98,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def link(rank: int, repeats: int = 20) -> tuple[float, float]:
     """(latency s, bandwidth B/s) of the link as the engine uses it. Bandwidth: 4 MB over the median one-way time of
-    a ping-pong (an underestimate by the latency, small at this size). Latency: half the time per tick of a 2-stage pipeline of near-empty stages (synchronous, so
-    every tick is one header swap and one payload exchange, with the engine's own Python around them), which is
-    what the simulator charges per tick (2 x latency)."""
+    a ping-pong (an underestimate by the latency, small at this size). Latency: half the time per tick of a 2-stage
+    pipeline of near-empty stages (synchronous, so every tick is one header swap and one payload exchange, with the
+    engine's own Python around them), which is what the simulator charges per tick (2 x latency)."""
     message, reply = torch.randn(2**20), torch.empty(2**20)  # 4 MB
     samples = []
     for _ in range(repeats + 3):  # the first 3 warm the link up

@@ -99,7 +99,8 @@ def profile_stages(
         mine = [e for e in events if e.stage == index]
 
         def median(kinds, first=first_timed):
-            timed = [e.end - e.start for e in mine if e.kind in kinds and (e.micro_batch is None or e.micro_batch >= first)]
+            timed = [e.end - e.start for e in mine
+                     if e.kind in kinds and (e.micro_batch is None or e.micro_batch >= first)]
             return statistics.median(timed[-repeats:]) if timed else 0.0
 
         last = index == len(copies) - 1
@@ -191,7 +192,8 @@ def auto_partition(stages: list[nn.Module], loss_fn: Callable, sample_batch, num
     from .placement import Placement
 
     if sample_batch is None:
-        raise ValueError("partition='auto' needs profile_batch=(inputs, targets): a micro-batch to measure the stages on")
+        raise ValueError("partition='auto' needs profile_batch=(inputs, targets): a micro-batch to measure the stages "
+                         "on")
     outcome = None
     if not distributed or dist.get_rank(group) == 0:
         try:
