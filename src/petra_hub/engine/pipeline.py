@@ -253,8 +253,12 @@ class Pipeline(Readings):
         self._breaker.check()
         if not self._fed_in_group:
             return
-        for worker in self.workers.values():
-            worker.end_group_after(self.fed - 1)
+        with self._breaker.guard(lambda: self.tick):
+            for worker in self.workers.values():
+                worker.end_group_after(self.fed - 1)
+                # a stage that has backpropagated it already (synchronous modes; a one-stage pipeline) applies the
+                # group now, before its next forward
+                worker.maybe_update()
         self._fed_in_group = 0
 
     def drain(self) -> list[tuple[int, torch.Tensor]]:
