@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from petra_hub.engine import Pipeline, StageMismatchError
 from petra_hub.engine.messages import Part, decode, encode, message_bytes
@@ -118,6 +119,51 @@ def test_fp16_overflow_is_survived_without_a_nan_reaching_any_weight():
     assert all(scale < 2.0**40 and math.log2(scale).is_integer() for scale in scales)
     assert losses[-1] < losses[0] - 0.5
     assert len(steps) == sum(c.updates for c in counters.values())
+
+
+class _OverflowOnce(torch.autograd.Function):
+    """The identity, whose backward multiplies its 4th gradient by 1e36: an fp16 overflow born in one stage."""
+
+    calls = 0
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        _OverflowOnce.calls += 1
+        return grad * 1e36 if _OverflowOnce.calls == 4 else grad
+
+
+class _Overflowing(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return _OverflowOnce.apply(self.linear(x))
+
+
+def test_fp16_only_the_stage_where_an_overflow_is_born_halves_its_scale():
+    """Stage 1 overflows once: it and stage 0 below it (which receives the non-finite gradient) skip that group;
+    only stage 1 halves its scale and counts the overflow (stage 0 once did too)."""
+    torch.manual_seed(0)
+    _OverflowOnce.calls = 0
+    stages = [nn.Linear(8, 8), _Overflowing(), nn.Sequential(nn.Tanh(), nn.Linear(8, 8)), nn.Linear(8, 3)]
+    pipeline = Pipeline(stages, nn.functional.cross_entropy, precision="fp16",
+                        optimizer_factory=lambda i, s: torch.optim.SGD(s.parameters(), lr=0.01))
+    batch = (torch.randn(4, 8), torch.randint(0, 3, (4,)))
+    for _ in range(10):
+        pipeline.step(*batch)
+    pipeline.drain()
+    skipped = [pipeline.workers[i].counters.skipped_updates for i in range(4)]
+    scales = [pipeline.workers[i].loss_scale.scale for i in range(4)]
+    overflows = [pipeline.workers[i].loss_scale.overflows for i in range(4)]
+    assert skipped == [1, 1, 0, 0]
+    assert overflows == [0, 1, 0, 0]
+    assert scales[1] == scales[0] / 2 == scales[2] / 2
+    assert all(torch.isfinite(p).all() for stage in stages for p in stage.parameters())
 
 
 def test_fp16_scale_state_resumes():

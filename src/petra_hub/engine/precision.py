@@ -142,8 +142,10 @@ class LossScale:
 
     def group_overflowed(self, params, agree: Callable[[bool], bool] | None = None) -> bool:
         """Whether to drop the group whose (unscaled) gradients `params` hold; halves the scale if the overflow
-        was born here. `agree` makes data-parallel replicas reach the same answer (any of them skips)."""
-        own = self._own or not all_finite(p.grad for p in params)
+        was born here. A non-finite gradient that arrived from above makes this stage's own gradients non-finite
+        too, so they only count as born here when nothing arrived. `agree` makes data-parallel replicas reach the
+        same answer (any of them skips)."""
+        own = self._own or (not self._upstream and not all_finite(p.grad for p in params))
         skip = own or self._upstream
         if agree is not None:
             skip = agree(skip)
