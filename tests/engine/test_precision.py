@@ -99,24 +99,25 @@ def test_fp16_wire_keeps_an_overflow_visible():
 
 # -- fp16 loss scaling ----------------------------------------------------------------------------------------------
 def test_fp16_overflow_is_survived_without_a_nan_reaching_any_weight():
-    """A loss scale of 2**40 overflows fp16 in every stage's backward: updates are skipped and scales halve until
-    they fit, then training proceeds; no weight ever holds a NaN or an infinity."""
+    """A loss scale of 2**24 overflows fp16 in every stage's backward: updates are skipped and scales halve until
+    they fit, then training proceeds; no weight ever holds a NaN or an infinity. (A stage can only test its own
+    scale once the stages above have found theirs: until then it receives NaN, and skips.)"""
     steps, scales = [], []
 
     def watch(index, micro_batches, stage):
         assert all(torch.isfinite(p.grad).all() for p in stage.parameters() if p.grad is not None)
         steps.append(index)
 
-    precision = Precision.of("fp16", initial_scale=2.0**40)
+    precision = Precision.of("fp16", initial_scale=2.0**24)
     pipeline, model, losses = run(precision, count=60, lr=0.02, on_update=watch)
     counters = pipeline.counters()
     skipped = [c.skipped_updates for c in counters.values()]
-    assert min(skipped) >= 10  # 2**40 -> about 2**16 takes 20-odd halvings, spread over the stages
+    assert min(skipped) >= 5  # 2**24 -> about 2**17 takes 7-odd halvings at the last stage, more below
     assert all(c.updates + c.skipped_updates == 60 for c in counters.values())
     assert all(torch.isfinite(p).all() for p in model.parameters())
     state = pipeline.state_dict()
     scales = [state[i]["loss_scale"]["scale"] for i in state]
-    assert all(scale < 2.0**40 and math.log2(scale).is_integer() for scale in scales)
+    assert all(scale < 2.0**24 and math.log2(scale).is_integer() for scale in scales)
     assert losses[-1] < losses[0] - 0.5
     assert len(steps) == sum(c.updates for c in counters.values())
 
@@ -147,7 +148,8 @@ class _Overflowing(nn.Module):
 
 def test_fp16_only_the_stage_where_an_overflow_is_born_halves_its_scale():
     """Stage 1 overflows once: it and stage 0 below it (which receives the non-finite gradient) skip that group;
-    only stage 1 halves its scale and counts the overflow (stage 0 once did too)."""
+    only stage 1 halves its scale and counts the overflow (stage 0 once did too, and over a long run the lowest
+    stages drifted to the smallest scale)."""
     torch.manual_seed(0)
     _OverflowOnce.calls = 0
     stages = [nn.Linear(8, 8), _Overflowing(), nn.Sequential(nn.Tanh(), nn.Linear(8, 8)), nn.Linear(8, 3)]

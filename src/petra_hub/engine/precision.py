@@ -18,8 +18,10 @@ fp16 loss scaling (`LossScale`, one per stage): stages update at different ticks
 skip. Each stage scales the gradient it receives by its own scale before backpropagating through itself, unscales
 the gradient it sends and its parameter gradients, and checks them; messages carry true (unscaled) gradients. A
 stage whose own backward overflowed skips the update of the accumulation group holding that micro-batch (no
-optimizer or scheduler step) and halves its scale. The non-finite gradient travels on down the pipeline as it is:
-every stage below sees it arrive and skips its update of that group too, leaving its scale alone. The stages
+optimizer or scheduler step) and halves its scale. A non-finite gradient travels on down the pipeline: every
+stage below sees it arrive and skips its update of that group too. Such a stage backpropagates the gradient's
+finite entries (the others zeroed), so that its own overflow, if its scale is too high too, is still seen and
+halves its scale, while an overflow born above leaves it alone; it sends NaN on in its place. The stages
 above the overflow had already applied that micro-batch's gradient (they never wait for the stages below; that is
 PETRA's point), and keep it. So no NaN or inf reaches a weight, a micro-batch is dropped from the stage where it
 overflowed downwards, and each stage's scale adapts to its own gradients. With data parallelism the replicas of a
@@ -127,25 +129,31 @@ class LossScale:
         self.clean_updates = 0
         self.overflows = 0
         self._own = self._upstream = False  # a non-finite gradient in the open group, born here / arrived
+        self._arrived_now = False  # the gradient being backpropagated arrived non-finite
 
     def scale_incoming(self, grads: Activation) -> Activation:
-        if not all_finite(as_tuple(grads)):
+        """The gradient to backpropagate through the stage: scaled, its non-finite entries (an overflow above)
+        zeroed."""
+        tensors = as_tuple(grads)
+        self._arrived_now = not all_finite(tensors)
+        if self._arrived_now:
             self._upstream = True
-        return like(grads, tuple(g * self.scale for g in as_tuple(grads)))
+            tensors = tuple(torch.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0) for g in tensors)
+        return like(grads, tuple(g * self.scale for g in tensors))
 
     def unscale_outgoing(self, grads: Activation) -> Activation:
-        """The true gradient to send on (a non-finite one travels on as it is)."""
+        """The true gradient to send on; NaN where a non-finite one arrived, so the stages below drop it too."""
         grads = like(grads, tuple(g / self.scale for g in as_tuple(grads)))
-        if not self._upstream and not all_finite(as_tuple(grads)):
+        if not all_finite(as_tuple(grads)):
             self._own = True
+        if self._arrived_now:
+            grads = like(grads, tuple(torch.full_like(g, float("nan")) for g in as_tuple(grads)))
         return grads
 
     def group_overflowed(self, params, agree: Callable[[bool], bool] | None = None) -> bool:
         """Whether to drop the group whose (unscaled) gradients `params` hold; halves the scale if the overflow
-        was born here. A non-finite gradient that arrived from above makes this stage's own gradients non-finite
-        too, so they only count as born here when nothing arrived. `agree` makes data-parallel replicas reach the
-        same answer (any of them skips)."""
-        own = self._own or (not self._upstream and not all_finite(p.grad for p in params))
+        was born here. `agree` makes data-parallel replicas reach the same answer (any of them skips)."""
+        own = self._own or not all_finite(p.grad for p in params)
         skip = own or self._upstream
         if agree is not None:
             skip = agree(skip)
