@@ -226,6 +226,8 @@ def test_values_an_honoured_field_cannot_take_are_refused(settings, named, tmp_p
     "settings",
     [
         dict(lr_scheduler_type="constant", petra_lr_milestones="150,225"),  # the paper recipes
+        dict(lr_scheduler_type="constant_with_warmup", petra_lr_milestones="2"),  # the docs name the three allowed
+        dict(petra_lr_milestones="2"),  # the default linear
         dict(lr_scheduler_type="cosine", lr_scheduler_kwargs={"num_cycles": 0.5}),
         dict(optim="sgd", optim_args="momentum=0.9,nesterov=True"),
         dict(save_strategy="epoch", eval_strategy="epoch", load_best_model_at_end=True, save_total_limit=2),

@@ -98,7 +98,9 @@ def _is_default(name: str, value: Any, default: Any) -> bool:
 # -- values of honoured fields that PetraTrainer cannot honour ---------------------------------------------------
 
 _DELAYED_SCHEDULERS = {"reduce_lr_on_plateau", "greedy"}
-_MILESTONE_COMPATIBLE_SCHEDULERS = {"linear", "constant", "constant_with_warmup"}  # linear: the default
+# linear is the default of lr_scheduler_type: a user who sets petra_lr_milestones cannot be told apart from one who
+# asked for linear
+_MILESTONE_COMPATIBLE_SCHEDULERS = {"linear", "constant", "constant_with_warmup"}
 _WHOLE_MODEL_OPTIMIZERS = ("galore_", "apollo_", "lomo", "adalomo")
 
 

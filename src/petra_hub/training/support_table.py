@@ -66,7 +66,8 @@ TRAINING_ARGUMENT_SUPPORT: dict[str, FieldSupport] = {
     ),
     "lr_scheduler_type": _honoured(
         "one scheduler per stage through transformers' get_scheduler; refused: reduce_lr_on_plateau and greedy "
-        "(stepped by eval metrics), and any type but constant together with petra_lr_milestones"
+        "(stepped by eval metrics), and, together with petra_lr_milestones (which replaces the schedule), any type "
+        "but constant, constant_with_warmup and the default linear"
     ),
     "lr_scheduler_kwargs": _honoured(
         "passed to each stage's get_scheduler; refused together with petra_lr_milestones (which replaces the schedule)"
