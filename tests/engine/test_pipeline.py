@@ -245,6 +245,77 @@ def test_any_list_of_non_reversible_stages_trains():
         assert relative_error(grad, expected[b][n]) < 1e-12
 
 
+class _Embed(nn.Module):
+    """(token ids, integer mask) -> (embeddings, the mask passed on unchanged)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.Embedding(10, 4).double()
+
+    def forward(self, x):
+        ids, mask = x
+        return self.embedding(ids), mask
+
+
+class _MaskedBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4).double()
+
+    def forward(self, x):
+        hidden, mask = x
+        return torch.tanh(self.linear(hidden)) * mask.unsqueeze(-1), mask
+
+
+class _MaskedHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 3).double()
+
+    def forward(self, x):
+        hidden, mask = x
+        return self.linear((hidden * mask.unsqueeze(-1)).sum(1))
+
+
+@pytest.mark.parametrize("mode,keep_graphs", [("petra", None), ("petra", [1]), ("backprop", None)],
+                         ids=["petra-recomputing", "petra-kept-graph", "backprop"])
+def test_an_integer_mask_carried_along_the_stages_gets_the_backprop_gradient(mode, keep_graphs):
+    """Activations (hidden, mask) with an int64 mask, as transformer stages pass them: only the outputs that are
+    part of the graph are backpropagated (autograd refused the whole backward at the first stage that tried the
+    mask), and frozen weights give plain autograd's gradient of every micro-batch, in the stages' backwards and in
+    the fidelity probe's."""
+    torch.manual_seed(0)
+    net = nn.Sequential(_Embed(), _MaskedBlock(), _MaskedBlock(), _MaskedHead())
+    batches = []
+    for _ in range(5):
+        ids, mask = torch.randint(0, 10, (3, 6)), (torch.rand(3, 6) > 0.3).long()
+        batches.append(((ids, mask), torch.randint(0, 3, (3,))))
+    expected = []
+    reference = copy.deepcopy(net)
+    for inputs, labels in batches:
+        reference.zero_grad()
+        cross_entropy(reference(inputs), labels).backward()
+        expected.append([p.grad.clone() for p in reference.parameters()])
+    got = {}
+    index_of = {id(p): n for n, p in enumerate(net.parameters())}
+
+    def record(stage_index, group, stage):
+        for p in stage.parameters():
+            got[(group[0], index_of[id(p)])] = p.grad.clone()
+
+    pipeline = Pipeline(list(net), cross_entropy, mode=mode, on_update=record, keep_graphs=keep_graphs)
+    pipeline.probe()  # the fidelity probe's own backward through the stages, too
+    for inputs, labels in batches:
+        pipeline.step(inputs, labels)
+    pipeline.drain()
+    assert len(got) == len(batches) * len(expected[0])
+    for (b, n), grad in got.items():
+        assert relative_error(grad, expected[b][n]) < 1e-12, (b, n)
+    fidelity = pipeline.gradient_fidelity()
+    assert [record.stage for record in fidelity] == [0, 1, 2, 3]
+    assert all(record.cosine_true == pytest.approx(1.0, abs=1e-12) for record in fidelity)
+
+
 def test_schedule_timing_matches_the_paper():
     schedule = Schedule(num_stages=4, pipelined=True)
     for b in range(5):

@@ -33,7 +33,7 @@ from .precision import LOW_PRECISION, Precision
 from .randomness import RngState, capture, replaying
 from .protocol import Moment
 from .routing import PROBE_BACKWARD_TAG, PROBE_FORWARD_TAG, Router
-from .tensors import Activation, as_tuple, detached, like
+from .tensors import Activation, as_tuple, detached, in_graph, like
 
 
 @dataclass
@@ -155,14 +155,14 @@ def reference_gradients(
         leaves, copies, outputs = graphs[index]
         inputs = [t for t in as_tuple(leaves) if t.requires_grad] if index > 0 else []
         wrt = copies + inputs
-        if index == last:
-            found = torch.autograd.grad(outputs, wrt, allow_unused=True)
-        else:
-            found = torch.autograd.grad(as_tuple(outputs), wrt, as_tuple(grad), allow_unused=True)
+        tensors, grads = ([outputs], None) if index == last else in_graph(outputs, grad)
+        found = torch.autograd.grad(tensors, wrt, grads, allow_unused=True) if tensors and wrt else [None] * len(wrt)
         found = [f if f is not None else torch.zeros_like(w) for f, w in zip(found, wrt)]
         gradients[index] = found[: len(copies)]
         if index > 0:
-            grad = like(leaves, tuple(found[len(copies):]))
+            found_inputs = iter(found[len(copies):])  # zeros for the inputs that take no gradient, as the worker sends
+            grad = like(leaves, tuple(next(found_inputs) if t.requires_grad else torch.zeros_like(t)
+                                      for t in as_tuple(leaves)))
             grad = precision.cast_streams(grad)
             if index - 1 in local:
                 (grad,) = round_trip([grad], router.gradient_parts(index - 1))

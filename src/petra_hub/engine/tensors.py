@@ -21,6 +21,14 @@ def detached(value: Activation, requires_grad: bool = False) -> Activation:
     return like(value, tensors)
 
 
+def in_graph(outputs: Activation, grads: Activation) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The tensors of `outputs` that are part of an autograd graph, and their gradients among `grads`. The others (an
+    integer mask carried along, an input the first stage passes on unchanged) have nothing to backpropagate; the
+    gradient that arrives for them is zeros, as every stage sends for an input that takes no gradient."""
+    pairs = [(output, grad) for output, grad in zip(as_tuple(outputs), as_tuple(grads)) if output.requires_grad]
+    return [output for output, _ in pairs], [grad for _, grad in pairs]
+
+
 def to_device(value: Activation, device: torch.device | None) -> Activation:
     if device is None:
         return value

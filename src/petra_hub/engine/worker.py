@@ -18,7 +18,7 @@ from .pending import Pending, stashed_weights
 from .prediction import WeightPredictor
 from .precision import LOW_PRECISION, LossScale, Precision
 from .randomness import capture, drawn_since, reconstruct_replaying, replaying, units
-from .tensors import Activation, as_tuple, detached, like
+from .tensors import Activation, as_tuple, detached, in_graph, like
 from .trace import Trace, timed
 
 UpdateHook = Callable[[int, list[int], nn.Module], None]
@@ -166,7 +166,7 @@ class StageWorker:
                 self.counters.reconstruction_error = relative_error(inputs, pending.reference)
                 self.counters.reconstruction_checks += 1
         elif self.keeps_graph:
-            torch.autograd.backward(as_tuple(pending.outputs), as_tuple(grad_outputs))
+            backpropagate(pending.outputs, grad_outputs)
             for param, copy in zip(self.params, pending.weights or ()):  # the graph's weights were a copy
                 if copy.grad is not None:
                     param.grad = copy.grad if param.grad is None else param.grad.add_(copy.grad)
@@ -361,7 +361,7 @@ class StageWorker:
         leaves = detached(inputs, requires_grad=not self.is_first)
         with stashed_weights(self.params, weights), torch.enable_grad():
             outputs = self._evaluate(leaves)
-            torch.autograd.backward(as_tuple(outputs), as_tuple(grad_outputs))
+            backpropagate(outputs, grad_outputs)
         return None if self.is_first else self._leaf_grads(leaves)
 
     @staticmethod
@@ -370,6 +370,13 @@ class StageWorker:
 
     def _track_peak(self) -> None:
         self.memory()
+
+
+def backpropagate(outputs: Activation, grad_outputs: Activation) -> None:
+    """Backpropagate `grad_outputs` through those of `outputs` that are part of the graph (`in_graph`)."""
+    tensors, grads = in_graph(outputs, grad_outputs)
+    if tensors:
+        torch.autograd.backward(tensors, grads)
 
 
 def run_stage(worker: StageWorker, router, forward: int | None, backward: int | None, targets: dict, loss_fn,
