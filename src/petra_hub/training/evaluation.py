@@ -30,10 +30,12 @@ def run_inference(
     loss_fn: Callable,
     compute_metrics: Callable | None,
     prefix: str,
-    keep_outputs: bool,
+    preprocess_logits: Callable | None = None,
+    keep_outputs: bool = False,
 ) -> InferenceResult:
     """Forward every batch of `loader` in eval mode; metrics (and, with `keep_outputs`, logits and labels) are known
-    on every rank afterwards."""
+    on every rank afterwards. `preprocess_logits(logits, labels)` (Trainer's `preprocess_logits_for_metrics`)
+    turns each batch's logits into what is kept for `compute_metrics` and returned; the loss sees the logits."""
     start = time.time()
     logits, labels, loss_sum, seen, batches = [], [], 0.0, 0, 0
     for batch in loader:
@@ -43,10 +45,10 @@ def run_inference(
         batches += 1
         if outputs is not None:
             outputs = outputs.detach().float().cpu()
-            logits.append(outputs)
             if batch_labels is not None:
                 loss_sum += float(loss_fn(outputs, batch_labels)) * len(batch_labels)
                 labels.append(batch_labels.cpu())
+            logits.append(outputs if preprocess_logits is None else preprocess_logits(outputs, batch_labels))
     result = None
     if pipeline.has_last_stage:
         all_logits = torch.cat(logits).numpy() if logits else None

@@ -14,12 +14,17 @@ from .arguments import PetraTrainingArguments
 
 
 def optimizer_factory(
-    args: PetraTrainingArguments, model: nn.Module
+    args: PetraTrainingArguments, model: nn.Module, cls_and_kwargs: tuple[type, dict] | None = None
 ) -> Callable[[int, nn.Module], torch.optim.Optimizer]:
-    """The Trainer's optimizer choice (`args.optim`, `optim_args`), one per stage; no weight decay on biases and
-    norms (as in the paper)."""
-    optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
-    kwargs = {**kwargs, "lr": args.micro_batch_learning_rate()}
+    """The Trainer's optimizer choice, one per stage: `cls_and_kwargs` (Trainer's `optimizer_cls_and_kwargs`; its
+    "lr", if any, replaces `learning_rate`), else `args.optim` and `optim_args`; no weight decay on biases and norms
+    (as in the paper)."""
+    if cls_and_kwargs is not None:
+        optimizer_cls, kwargs = cls_and_kwargs
+        kwargs = {"lr": args.micro_batch_learning_rate(), **kwargs}
+    else:
+        optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
+        kwargs = {**kwargs, "lr": args.micro_batch_learning_rate()}
 
     def make(index: int, stage: nn.Module) -> torch.optim.Optimizer:
         return optimizer_cls(weight_decay_groups(stage, args.weight_decay), **kwargs)

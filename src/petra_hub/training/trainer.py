@@ -42,9 +42,10 @@ from .checkpoint import PetraState, load_best_model, load_stage_states, validate
 from .distributed import broadcast_module, raise_on_every_rank, world_size
 from .evaluation import run_inference
 from .fidelity import GradientFidelityCallback
-from .guards import RunLock, check_finite, check_not_another_run, check_output_dir
+from .guards import RunLock, check_finite, preflight
 from .losses import LossWindow, collect, training_logs
 from .optimization import optimizer_factory, scheduler_factory
+from .plug_ins import check_plug_ins, loss_function
 from .sampler import EpochSampler
 
 
@@ -60,13 +61,7 @@ class PetraTrainer(Trainer):
         super().__init__(model, args, *positional, **kwargs)
         if not hasattr(self.model, "get_stages"):
             raise ValueError("PetraTrainer needs a model with get_stages(), such as RevNetForImageClassification")
-        if args.label_smoothing_factor and getattr(self.model.config, "problem_type", None) not in (
-            None, "single_label_classification"
-        ):
-            raise ValueError(
-                f"label_smoothing_factor={args.label_smoothing_factor} needs single-label classification, but the "
-                f"model's problem_type is {self.model.config.problem_type!r}"
-            )
+        check_plug_ins(self)
         self.stages = self._make_stages()
         if args.petra_gradient_fidelity_steps:
             self.add_callback(GradientFidelityCallback(args.petra_gradient_fidelity_steps))
@@ -108,7 +103,10 @@ class PetraTrainer(Trainer):
         return make_loader(self.args, self.data_collator, dataset, self.args.per_device_train_batch_size, sampler)
 
     def get_eval_dataloader(self, eval_dataset=None) -> DataLoader:
+        """`eval_dataset` may name one of a dict of eval data sets, as in Trainer."""
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if isinstance(dataset, str):
+            dataset = self.eval_dataset[dataset]
         if dataset is None:
             raise ValueError("evaluate() needs an eval_dataset")
         return self.get_test_dataloader(dataset)
@@ -126,22 +124,15 @@ class PetraTrainer(Trainer):
         return dataset
 
     # -- the engine ---------------------------------------------------------------------------------------------------
-    def _loss(self, logits, labels):
-        if self.args.label_smoothing_factor:
-            return torch.nn.functional.cross_entropy(logits, labels, label_smoothing=self.args.label_smoothing_factor)
-        if hasattr(self.model, "compute_loss"):
-            return self.model.compute_loss(logits, labels)
-        return torch.nn.functional.cross_entropy(logits, labels)
-
     def _build_pipeline(self, max_steps: int = 0, steps_per_epoch: float = 1.0, training: bool = True) -> Pipeline:
         args = self.args
         schedules = scheduler_factory(args, max_steps, steps_per_epoch, len(self.stages)) if training else None
         return Pipeline(
             self.stages,
-            self._loss,
+            loss_function(self),
             mode=args.petra_mode,
             accumulation_steps=args.gradient_accumulation_steps if training else 1,
-            optimizer_factory=optimizer_factory(args, self.model) if training else None,
+            optimizer_factory=optimizer_factory(args, self.model, self.optimizer_cls_and_kwargs) if training else None,
             scheduler_factory=schedules,
             partition=args.partition_sizes() if training or args.petra_partition != "auto" else None,
             profile_batch=self._profile_batch if training else None,
@@ -179,7 +170,7 @@ class PetraTrainer(Trainer):
         per_epoch, steps_per_epoch, max_steps = plan_steps(loader, args)
 
         with raise_on_every_rank():
-            self._preflight(resume_from_checkpoint)
+            self._lock = preflight(self.args, self.model, self.replica, resume_from_checkpoint)
 
         self.state = TrainerState(stateful_callbacks=self._exportable_callbacks())
         self.state.train_batch_size = args.per_device_train_batch_size
@@ -269,17 +260,6 @@ class PetraTrainer(Trainer):
                           *self._position, args.per_device_train_batch_size, dataset_label(self.train_dataset),
                           group_sizes(self.stages))
 
-    def _preflight(self, resume_from_checkpoint: str | None) -> None:
-        """What can fail later is checked now, before any work: the output folder (writable, room for a checkpoint,
-        not another run's, not in use). The checkpoint to resume from was checked by `train`."""
-        writes_checkpoints = self.args.save_strategy != "no" and self.replica == 0  # its stages' optimizer states
-        if self.args.should_save or writes_checkpoints:
-            check_output_dir(self.args.output_dir, self.model)
-        if self.args.should_save:
-            self._lock = RunLock(self.args.output_dir)
-            check_not_another_run(self.args.output_dir, resume_from_checkpoint, self.args.overwrite_output_dir)
-            self._lock.acquire()
-
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
         if resume_from_checkpoint is True:
             resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
@@ -362,16 +342,14 @@ class PetraTrainer(Trainer):
         """Drain, then run every batch forward through the stages with running batch-norm statistics. A dict of
         data sets is evaluated set by set, with prefixes `eval_<name>`."""
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if isinstance(dataset, str):  # the name of one of a dict of eval data sets
+            metric_key_prefix, dataset = f"{metric_key_prefix}_{dataset}", self.eval_dataset[dataset]
         if isinstance(dataset, dict):
             metrics = {}
             for name, subset in dataset.items():
                 metrics.update(self.evaluate(subset, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
-        self._sync_model()
-        result = run_inference(
-            self._pipeline_for_inference(), self.get_eval_dataloader(dataset), self._loss, self.compute_metrics,
-            metric_key_prefix, keep_outputs=False,
-        )
+        result = self._infer(self.get_eval_dataloader(dataset), metric_key_prefix, keep_outputs=False)
         self._last_eval_metrics = result.metrics
         self.log(result.metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, result.metrics)
@@ -379,18 +357,19 @@ class PetraTrainer(Trainer):
 
     def predict(self, test_dataset, ignore_keys=None, metric_key_prefix: str = "test") -> PredictionOutput:
         """Predictions of the trained stages, the same on every rank (call it on every rank)."""
-        self._sync_model()
-        result = run_inference(
-            self._pipeline_for_inference(), self.get_test_dataloader(test_dataset), self._loss, self.compute_metrics,
-            metric_key_prefix, keep_outputs=True,
-        )
+        result = self._infer(self.get_test_dataloader(test_dataset), metric_key_prefix, keep_outputs=True)
         self.control = self.callback_handler.on_predict(self.args, self.state, self.control, result.metrics)
         return PredictionOutput(predictions=result.logits, label_ids=result.label_ids, metrics=result.metrics)
+
+    def _infer(self, loader, prefix: str, keep_outputs: bool):
+        self._sync_model()
+        return run_inference(self._pipeline_for_inference(), loader, loss_function(self), self.compute_metrics, prefix,
+                             self.preprocess_logits_for_metrics, keep_outputs)
 
     # -- saving -------------------------------------------------------------------------------------------------------
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Gather every stage and save one `from_pretrained`-loadable folder (safetensors), with the processor and
-        a model card. Call it on every rank."""
+        a model card, then push it with `push_to_hub=True`. Call it on every rank."""
         output_dir = output_dir or self.args.output_dir
         self._sync_model()
         if self.args.should_save:
@@ -402,6 +381,8 @@ class PetraTrainer(Trainer):
             write_run_card(self, output_dir)
         if dist.is_initialized():
             dist.barrier()
+        if self.args.push_to_hub and not _internal_call:  # as Trainer.save_model does
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
     def _save_checkpoint(self, model, trial) -> None:
         write_checkpoint(self, self._get_output_dir(trial=trial), self._run_state())
