@@ -36,6 +36,30 @@ def test_profile_times_the_runs_own_optimizer_at_learning_rate_zero():
         assert all(torch.equal(a, b) for a, b in zip(after, before))  # and the weights never moved
 
 
+@pytest.mark.parametrize("factory", ["default", "none_without_parameters"])
+def test_a_stage_without_parameters_is_profiled_without_an_optimizer(factory):
+    """A Flatten between a convolution and a linear head: the default SGD has no parameters to take (torch refuses an
+    empty optimizer), and a factory may answer None for it as the Pipeline allows; both profile, and so does
+    partition="auto"."""
+    torch.manual_seed(0)
+    stages = [torch.nn.Conv2d(1, 2, 3, padding=1), torch.nn.Flatten(), torch.nn.Linear(2 * 4 * 4, 3)]
+    batch = (torch.randn(4, 1, 4, 4), torch.randint(0, 3, (4,)))
+    made = []
+
+    def sgd_where_parameters(index, stage):
+        optimizer = torch.optim.SGD(stage.parameters(), lr=0.1) if list(stage.parameters()) else None
+        made.append(optimizer)
+        return optimizer
+
+    options = {} if factory == "default" else {"optimizer_factory": sgd_where_parameters}
+    costs = profile_stages(stages, batch, F.cross_entropy, repeats=1, warmup=0, **options)
+    assert len(costs) == 3 and costs[1].parameter_bytes == 0 < costs[0].parameter_bytes
+    if made:
+        assert made[1] is None and all(group["lr"] == 0.0 for group in made[0].param_groups)
+    pipeline = Pipeline(stages, F.cross_entropy, partition="auto", profile_batch=batch, **options)
+    assert [len(group) for group in pipeline.placement.groups] == [3]
+
+
 def test_profile_measures_every_stage_without_touching_it():
     model = small_model("revnet18", seed=1)
     before = {k: v.clone() for k, v in model.state_dict().items()}

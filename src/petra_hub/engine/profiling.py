@@ -127,15 +127,22 @@ def profile_stages(
 
 def at_zero_learning_rate(optimizer_factory: Callable | None) -> Callable:
     """`optimizer_factory` (None: plain SGD) with every parameter group's learning rate set to 0, so that its steps
-    cost what they cost (momentum, Adam's moments, weight decay's arithmetic) without moving the weights."""
+    cost what they cost (momentum, Adam's moments, weight decay's arithmetic) without moving the weights. A stage
+    without parameters gets no default optimizer, and one the factory gives None keeps None, as in the run."""
 
-    def make(index: int, stage: nn.Module) -> torch.optim.Optimizer:
-        optimizer = (optimizer_factory or (lambda i, s: torch.optim.SGD(s.parameters(), lr=0.0)))(index, stage)
-        for group in optimizer.param_groups:
+    def make(index: int, stage: nn.Module) -> torch.optim.Optimizer | None:
+        optimizer = (optimizer_factory or plain_sgd)(index, stage)
+        for group in optimizer.param_groups if optimizer is not None else ():
             group["lr"] = 0.0
         return optimizer
 
     return make
+
+
+def plain_sgd(index: int, stage: nn.Module) -> torch.optim.Optimizer | None:
+    """SGD over the stage's parameters (None for a stage without any: torch refuses an empty optimizer)."""
+    parameters = list(stage.parameters())
+    return torch.optim.SGD(parameters, lr=0.0) if parameters else None
 
 
 def split_backward_shares(stage: nn.Module, inputs: Activation, targets, loss_fn: Callable, last: bool,
