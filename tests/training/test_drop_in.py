@@ -144,6 +144,20 @@ def test_iterable_train_dataset_needs_max_steps_and_trains(tmp_path):
     assert all((c.forwards, c.updates) == (7, 4) for c in trainer.pipeline.counters().values())
 
 
+def test_a_streaming_datasets_set_trains(tmp_path):
+    """A Hub stream (`datasets.IterableDataset`, as `load_dataset(..., streaming=True)` gives): the label check
+    before training once read its label column as if it were in memory, and failed."""
+    base = take(load_image_dataset("digits", "train", augment=False), 40)
+    rows = [base[i] for i in range(len(base))]
+    table = datasets.Dataset.from_dict({"pixel_values": [r["pixel_values"].numpy() for r in rows],
+                                        "labels": [int(r["labels"]) for r in rows]})
+    stream = table.to_iterable_dataset().with_format("torch")
+    assert isinstance(stream, datasets.IterableDataset)
+    trainer = make_trainer(tmp_path, train=stream, max_steps=3, remove_unused_columns=False)
+    trainer.train()
+    assert trainer.state.global_step == 3
+
+
 def image_label_dataset(count=48):
     """A `datasets` image/label set as transformers' image-classification example uses it."""
     from sklearn.datasets import load_digits

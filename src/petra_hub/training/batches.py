@@ -148,8 +148,11 @@ def _all_labels(dataset) -> torch.Tensor | None:
     labels = getattr(dataset, "labels", None)
     if torch.is_tensor(labels):
         return labels
-    names = getattr(dataset, "column_names", None)  # a `datasets.Dataset`: its label column, without transforms
-    column = next((name for name in ("labels", "label") if name in (names or [])), None)
-    if column is None or not hasattr(dataset, "select_columns"):
+    import datasets
+
+    if not isinstance(dataset, datasets.Dataset):  # a stream (datasets.IterableDataset) is read only once, in training
+        return None
+    column = next((name for name in ("labels", "label") if name in dataset.column_names), None)
+    if column is None:  # its label column, read without transforms
         return None
     return torch.as_tensor(dataset.select_columns([column]).with_format("numpy")[column])
