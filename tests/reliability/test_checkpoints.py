@@ -127,6 +127,13 @@ def test_a_checkpoint_of_another_set_up_is_refused(tmp_path):
     with pytest.raises(ValueError, match="micro_batch_size"):
         make_trainer(tmp_path / "other", per_device_train_batch_size=4, max_steps=4).train(
             resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
+    # written with 2 pipeline replicas (petra_data_parallel=2): its epoch position counts micro-batches per replica,
+    # so another D would skip or repeat data
+    state = tmp_path / "run" / "checkpoint-2" / "petra_state.json"
+    assert json.loads(state.read_text())["data_parallel"] == 1
+    state.write_text(json.dumps(json.loads(state.read_text()) | {"data_parallel": 2}))
+    with pytest.raises(ValueError, match="data_parallel: checkpoint 2, this run 1"):
+        make_trainer(tmp_path / "other", max_steps=4).train(resume_from_checkpoint=str(state.parent))
     # as many pipeline stages, grouped differently: the stage files hold other stages' optimizer states
     make_trainer(tmp_path / "groups", max_steps=2, save_strategy="steps", save_steps=2,
                  petra_stage_groups="1,2,7").train()  # fmt: skip

@@ -2,7 +2,8 @@
 
 What a PETRA checkpoint adds to a saved model folder: the optimizer and LR-scheduler state of every stage
 (`petra_stage_XXX.pt`, from `Pipeline.state_dict`, indexed by stage so a run may resume on another number of
-processes with the same stages) and the run's position (`petra_state.json`).
+processes with the same stages and the same number of pipeline replicas) and the run's position
+(`petra_state.json`).
 
 A checkpoint is written into `tmp-checkpoint-N/` (which `get_last_checkpoint` and the rotation ignore), checked to
 hold every file, then renamed to `checkpoint-N/` in one step; only then are old checkpoints rotated out. A run
@@ -42,11 +43,14 @@ class PetraState:
     micro_batch_size: int | None = None
     dataset: str | None = None  # the train set's name and size, e.g. "digits (1437)"
     stage_groups: list[int] | None = None  # model stages per pipeline stage (None in older checkpoints)
+    # pipeline replicas: an epoch's position counts micro-batches per replica (None in older checkpoints)
+    data_parallel: int | None = None
 
     def check_compatible(self, other: "PetraState", folder) -> None:
         """Refuse to resume a run whose set-up differs from the checkpoint's (fields unknown to old checkpoints are
         not compared)."""
-        keys = ("num_stages", "stage_groups", "mode", "accumulation_steps", "micro_batch_size", "dataset")
+        keys = ("num_stages", "stage_groups", "mode", "accumulation_steps", "micro_batch_size", "dataset",
+                "data_parallel")
         differ = [
             f"{key}: checkpoint {getattr(self, key)!r}, this run {getattr(other, key)!r}"
             for key in keys

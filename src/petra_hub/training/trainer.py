@@ -258,7 +258,7 @@ class PetraTrainer(Trainer):
         args = self.args
         return PetraState(self._micro_batches_fed, len(self.stages), args.petra_mode, args.gradient_accumulation_steps,
                           *self._position, args.per_device_train_batch_size, dataset_label(self.train_dataset),
-                          group_sizes(self.stages))
+                          group_sizes(self.stages), args.petra_data_parallel)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
         if resume_from_checkpoint is True:
