@@ -80,3 +80,30 @@ def test_two_processes_gather_every_rank_with_its_exchanges(tmp_path):
     assert all(
         sum(1 for kind, r, _, _ in events if kind == "exchange" and r == rank) > MICRO_BATCHES for rank in (0, 1)
     )
+
+
+def _traced_subgroup(rank, world_size, members):
+    import torch.distributed as dist
+
+    group = dist.new_group(members)  # a collective: every rank creates it
+    if rank not in members:
+        return None  # not part of the pipeline: gone before the others gather
+    torch.manual_seed(0)
+    pipeline = Pipeline([torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)], F.cross_entropy, group=group, trace=True,
+                        timeout=10)
+    batch = (torch.randn(3, 4), torch.randint(0, 2, (3,)))
+    for _ in range(3):
+        pipeline.step(*batch)
+    pipeline.drain()
+    return [(e.kind, e.rank, e.stage) for e in pipeline.trace_events()]
+
+
+@pytest.mark.parametrize("members", [[0, 1], [1, 2]])
+def test_a_pipeline_on_a_subgroup_gathers_over_its_group(tmp_path, members):
+    """Three processes, a pipeline on two of them: the gather runs over the pipeline's group (over the default one
+    it waited for the third process until the process group's timeout), and each event names its global rank."""
+    results, codes, _ = run_ranks(_traced_subgroup, 3, members, out_dir=tmp_path, deadline=60, pg_timeout=10)
+    assert codes == [0, 0, 0] and not any("error" in r for r in results), [r.get("traceback") for r in results]
+    first, second = (results[rank]["value"] for rank in members)
+    assert first == second  # gathered on both
+    assert {(rank, stage) for kind, rank, stage in first if stage != EXCHANGE} == set(zip(members, (0, 1)))

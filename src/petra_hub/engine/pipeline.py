@@ -138,6 +138,7 @@ class Pipeline(Readings):
         self.distributed = distributed
         self.data_parallel_size = data_parallel_size
         self.replicas: Replicas | None = None
+        self.job_group = group  # every rank of the run: this pipeline's, or with replicas all of theirs (default)
         if data_parallel_size != 1:
             if not distributed or group is not None:
                 raise ValueError("data parallelism needs the default torch.distributed process group")

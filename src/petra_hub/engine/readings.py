@@ -9,7 +9,8 @@ from .trace import Event, gather_events
 
 
 class Readings:
-    """Mixed into `Pipeline` (which sets `workers`, `transport`, `trace`, `distributed`, `local`, `replicas`)."""
+    """Mixed into `Pipeline` (which sets `workers`, `transport`, `trace`, `distributed`, `local`, `replicas`,
+    `job_group`)."""
 
     @property
     def has_last_stage(self) -> bool:
@@ -50,10 +51,11 @@ class Readings:
         return None
 
     def trace_events(self) -> list[Event]:
-        """Every rank's recorded events (`trace=True`), gathered on every rank (a collective when distributed)."""
+        """Every rank's recorded events (`trace=True`), gathered on every rank of the run (a collective over the
+        pipeline's group, or over all replicas, when distributed)."""
         if self.trace is None:
             raise PipelineError("trace_events() needs Pipeline(trace=True)")
-        return gather_events(self.trace, self.distributed)
+        return gather_events(self.trace, self.distributed, self.job_group)
 
     def counters(self) -> dict[int, StageCounters]:
         return {index: worker.counters for index, worker in self.workers.items()}

@@ -79,12 +79,13 @@ class Trace:
         self.events.append(Event(kind, self.rank, stage, micro_batch, start, end))
 
 
-def gather_events(trace: Trace, distributed: bool) -> list[Event]:
-    """Every rank's events, on every rank (all_gather over the default group when distributed)."""
+def gather_events(trace: Trace, distributed: bool, group: dist.ProcessGroup | None = None) -> list[Event]:
+    """Every rank's events, on every rank of `group` (all_gather over it when distributed; None: the default group).
+    Events carry global ranks, whatever the group."""
     if not distributed:
         return list(trace.events)
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, trace.events)
+    gathered = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, trace.events, group=group)
     return [event for events in gathered for event in events]
 
 
