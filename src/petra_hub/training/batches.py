@@ -76,10 +76,14 @@ def check_first_batch(model, collator, dataset, what: str = "train_dataset") -> 
 
 
 def make_loader(args, collator, dataset, batch_size: int, sampler=None) -> DataLoader:
-    """A DataLoader honouring the `dataloader_*` arguments (not sharded: the trainer orders the data itself)."""
+    """A DataLoader honouring the `dataloader_*` arguments (not sharded: the trainer orders the data itself). Its
+    own generator (reseeded each epoch by `epoch_batches`) seeds the workers, so that starting an iterator never
+    draws from the global generator that dropout and main-process augmentations use: a resumed run, which starts
+    its iterator elsewhere in the epoch, draws what the uninterrupted run did."""
     workers = args.dataloader_num_workers
     return DataLoader(
         dataset,
+        generator=torch.Generator().manual_seed(data_seed(args)),
         batch_size=batch_size,
         sampler=sampler,
         collate_fn=collator,
@@ -91,10 +95,15 @@ def make_loader(args, collator, dataset, batch_size: int, sampler=None) -> DataL
     )
 
 
-def epoch_batches(loader: DataLoader, dataset, epoch: int, offset: int, replica: int, replicas: int):
-    """Replica `replica`'s micro-batches of `epoch`, from its `offset`-th on."""
+def data_seed(args) -> int:
+    return args.data_seed if args.data_seed is not None else args.seed
+
+
+def epoch_batches(loader: DataLoader, dataset, epoch: int, offset: int, replica: int, replicas: int, seed: int = 0):
+    """Replica `replica`'s micro-batches of `epoch`, from its `offset`-th on (`seed`: the run's data seed)."""
     if hasattr(dataset, "set_epoch"):
         dataset.set_epoch(epoch)
+    loader.generator.manual_seed(seed + epoch)  # the workers' seeds depend on the epoch alone
     if isinstance(loader.sampler, EpochSampler):
         loader.sampler.set_epoch(epoch, start=offset * loader.batch_size)
         return iter(loader)

@@ -27,6 +27,7 @@ from safetensors.torch import load_file
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from ..engine import Pipeline
+from .rng_state import save_rng_state
 
 PETRA_STATE_NAME = "petra_state.json"
 STAGE_STATE_PATTERN = "petra_stage_{:03d}.pt"
@@ -156,11 +157,12 @@ def load_stage_states(folder: str | Path, pipeline: Pipeline) -> None:
 
 def save_checkpoint_files(trainer, folder: str, final: str, state: PetraState) -> None:
     """Everything a checkpoint holds beside the model folder: the stages' optimizer states (written by replica 0's
-    ranks), then, on the saving rank, `petra_state.json`, the callbacks' states and `trainer_state.json` (with the
-    best checkpoint so far). `final` is where the checkpoint will be published."""
+    ranks), every rank's random generators, then, on the saving rank, `petra_state.json`, the callbacks' states and
+    `trainer_state.json` (with the best checkpoint so far). `final` is where the checkpoint will be published."""
     os.makedirs(folder, exist_ok=True)
     if trainer.pipeline.replica == 0:
         save_stage_states(folder, trainer.pipeline)
+    save_rng_state(folder, dist.get_rank() if dist.is_initialized() else 0)
     if not trainer.args.should_save:
         return
     state.save(folder)

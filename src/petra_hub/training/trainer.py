@@ -30,6 +30,7 @@ from .arguments import PetraTrainingArguments
 from .batches import (
     check_all_labels,
     check_first_batch,
+    data_seed,
     dataset_label,
     epoch_batches,
     make_loader,
@@ -46,6 +47,7 @@ from .guards import RunLock, check_finite, preflight
 from .losses import LossWindow, collect, training_logs
 from .optimization import optimizer_factory, scheduler_factory
 from .plug_ins import check_plug_ins, loss_function
+from .rng_state import restore_rng_state
 from .sampler import EpochSampler
 
 
@@ -98,8 +100,8 @@ class PetraTrainer(Trainer):
         dataset = self._without_unused_columns(self.train_dataset, "training")
         if isinstance(dataset, IterableDataset):
             return make_loader(self.args, self.data_collator, dataset, self.args.per_device_train_batch_size)
-        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
-        sampler = EpochSampler(len(dataset), seed, replica=self.replica, replicas=self.args.petra_data_parallel)
+        sampler = EpochSampler(len(dataset), data_seed(self.args), replica=self.replica,
+                               replicas=self.args.petra_data_parallel)
         return make_loader(self.args, self.data_collator, dataset, self.args.per_device_train_batch_size, sampler)
 
     def get_eval_dataloader(self, eval_dataset=None) -> DataLoader:
@@ -210,13 +212,15 @@ class PetraTrainer(Trainer):
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         if args.eval_on_start:
             self._evaluate_and_track(trial, ignore_keys_for_eval)
+        if resume_from_checkpoint is not None:  # the draws the uninterrupted run would make next
+            restore_rng_state(resume_from_checkpoint, dist.get_rank() if world_size() > 1 else 0, world_size())
         while self.state.global_step < max_steps and not self.control.should_training_stop:
             epoch, offset = self._position
             if offset == 0:
                 self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
             fed_this_epoch, stopped = offset, False
             for batch in epoch_batches(
-                loader, self.train_dataset, epoch, offset, self.replica, self.args.petra_data_parallel
+                loader, self.train_dataset, epoch, offset, self.replica, self.args.petra_data_parallel, data_seed(args)
             ):
                 if self.pipeline.fed_in_group == 0:
                     self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
