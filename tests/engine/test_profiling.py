@@ -7,8 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from petra_hub.engine import Pipeline, Placement, StageCost, profile_stages
-from petra_hub.engine.profiling import split_backward_shares
+from petra_hub.engine import Mode, Pipeline, Placement, StageCost, profile_stages
+from petra_hub.engine import profiling
+from petra_hub.engine.graph_budget import kept_graphs
+from petra_hub.engine.profiling import auto_partition, split_backward_shares
 from petra_hub.testing.models import random_images, small_model
 from petra_hub.testing.ranks import run_ranks
 
@@ -164,6 +166,69 @@ def test_auto_partition_is_the_best_contiguous_split(seed):
         assert bottleneck(with_limit, costs) == pytest.approx(brute_force(costs, ranks, memory_limit=limit))
     with pytest.raises(ValueError, match="memory_limit=10 bytes"):
         Placement.auto(costs, 3, memory_limit=10)
+
+
+def _tanh_stages(count):
+    torch.manual_seed(0)
+    return [torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()) for _ in range(count - 1)] + \
+        [torch.nn.Linear(8, 3)]
+
+
+def spying_on_profile_stages(monkeypatch):
+    """The keyword options `auto_partition` passes to `profile_stages`, recorded (the profile still runs)."""
+    seen = {}
+    original = profiling.profile_stages
+
+    def spy(*args, **options):
+        seen.update(options)
+        return original(*args, **options)
+
+    monkeypatch.setattr(profiling, "profile_stages", spy)
+    return seen
+
+
+def test_partition_auto_profiles_with_the_options_that_change_what_a_stage_costs(monkeypatch):
+    """A kept graph spares a recomputation, k > 1 spreads an update over k micro-batches, clipping, prediction,
+    sampled checks and compilation add work: the profile measures the run it partitions. What is about processes,
+    the user's callbacks or the profile's own tracing stays out."""
+    seen = spying_on_profile_stages(monkeypatch)
+    factory = lambda i, s: torch.optim.SGD(s.parameters(), lr=0.1)  # noqa: E731
+    compiling = {"backend": "eager"}
+    batch = (torch.randn(4, 8), torch.randint(0, 3, (4,)))
+    Pipeline(_tanh_stages(4), F.cross_entropy, partition="auto", profile_batch=batch, keep_graphs=[0, 2],
+             accumulation_steps=4, weight_prediction=1.0, max_grad_norm=1.0, check_reconstruction_every=3,
+             compile_options=compiling, optimizer_factory=factory, precision="bf16", timeout=50,
+             on_update=lambda *_: None, scheduler_factory=lambda i, o: None)
+    assert seen["keep_graphs"] == [0, 2] and seen["memory_budget"] is None
+    assert seen["accumulation_steps"] == 4 and seen["weight_prediction"] == 1.0 and seen["max_grad_norm"] == 1.0
+    assert seen["check_reconstruction_every"] == 3 and seen["compile_options"] is compiling
+    assert seen["optimizer_factory"] is factory and seen["precision"].compute == torch.bfloat16
+    left_out = {"distributed", "group", "partition", "profile_batch", "data_parallel_size", "timeout", "trace",
+                "on_update", "scheduler_factory"}
+    assert not left_out & seen.keys()
+
+
+def test_a_memory_budget_is_profiled_as_the_graphs_it_keeps_on_an_even_split(monkeypatch):
+    """Which graphs fit a rank's budget depends on the split being chosen: the profile keeps those of the even
+    split (here the split 3 | 2 keeps two graphs, where one rank holding all five stages has room for one)."""
+    seen = spying_on_profile_stages(monkeypatch)
+    stages, batch = _tanh_stages(5), (torch.randn(4, 8), torch.randint(0, 3, (4,)))
+    budget = 4000
+    expected = kept_graphs(stages, Mode.PETRA, Placement.balanced(5, 2).groups, memory_budget=budget,
+                           sample_inputs=batch[0])
+    assert expected and expected != kept_graphs(stages, Mode.PETRA, [range(5)], memory_budget=budget,
+                                                sample_inputs=batch[0])
+    sizes = auto_partition(stages, F.cross_entropy, batch, 2, Mode.PETRA, memory_budget=budget)
+    assert sum(sizes) == 5 and len(sizes) == 2
+    assert seen["keep_graphs"] == sorted(expected) and seen["memory_budget"] is None
+
+
+def test_the_partition_counts_an_update_once_every_k_micro_batches():
+    """Stage 0's update costs twice its forward and backward: with k = 1 it needs a rank of its own; with k = 4 its
+    update is a quarter of that per micro-batch and it shares a rank with stage 1."""
+    costs = [StageCost(0.5, 0.5, 2.0, 0, 0, 0), StageCost(0.5, 0.5, 0.0, 0, 0, 0), StageCost(1.0, 1.0, 0.0, 0, 0, 0)]
+    assert [len(g) for g in Placement.auto(costs, 2).groups] == [1, 2]
+    assert [len(g) for g in Placement.auto(costs, 2, accumulation_steps=4).groups] == [2, 1]
 
 
 def _auto_on_ranks(rank, world_size):

@@ -147,9 +147,14 @@ class Pipeline(Readings):
         self.group = group
         world = dist.get_world_size(group) if distributed else 1
         self.rank = dist.get_rank(group) if distributed else 0
-        if partition == "auto":
-            partition = auto_partition(self.stages, loss_fn, profile_batch, world, self.mode, group, distributed,
-                                       device=device, precision=self.precision, optimizer_factory=optimizer_factory)
+        if partition == "auto":  # measured with every option that changes what a stage costs (not the scheduler,
+            # which could move the profile's weights from learning rate 0, nor on_update, which would see its gradients)
+            partition = auto_partition(
+                self.stages, loss_fn, profile_batch, world, self.mode, group, distributed, device=device,
+                precision=self.precision, optimizer_factory=optimizer_factory, accumulation_steps=accumulation_steps,
+                max_grad_norm=max_grad_norm, check_reconstruction_every=check_reconstruction_every,
+                compile_options=compile_options, weight_prediction=weight_prediction, keep_graphs=keep_graphs,
+                memory_budget=memory_budget)
         self.placement = Placement.for_pipeline(partition, len(self.stages), world)
         self.local = self.placement.groups[self.rank]
         self._global_ranks: list[int] | None = None

@@ -37,16 +37,17 @@ class Placement:
 
     @classmethod
     def auto(cls, costs: list, num_ranks: int, memory_limit: int | None = None, link_bandwidth: float | None = None,
-             latency: float = 0.0) -> "Placement":
+             latency: float = 0.0, accumulation_steps: int = 1) -> "Placement":
         """The contiguous partition of the stages whose slowest rank is fastest, from measured `costs`
-        (`profile_stages`): a rank's time per micro-batch is the compute of its stages plus, with `link_bandwidth`
-        (bytes/s), sending its boundary messages (plus `latency` seconds each). Dynamic programming over the prefixes;
-        with `memory_limit` (bytes per rank) only groups whose stages hold at most that much are allowed."""
+        (`profile_stages`): a rank's time per micro-batch is the compute of its stages (each one's update once every
+        `accumulation_steps` micro-batches) plus, with `link_bandwidth` (bytes/s), sending its boundary messages (plus
+        `latency` seconds each). Dynamic programming over the prefixes; with `memory_limit` (bytes per rank) only
+        groups whose stages hold at most that much are allowed."""
         count = len(costs)
         cls.balanced(count, num_ranks)  # the same errors for impossible counts
 
         def rank_time(start: int, stop: int) -> float:
-            time = sum(c.compute_s for c in costs[start:stop])
+            time = sum(c.forward_s + c.backward_s + c.update_s / accumulation_steps for c in costs[start:stop])
             if link_bandwidth:
                 for sent in (costs[stop - 1].forward_bytes if stop < count else 0,
                              costs[start].backward_bytes if start > 0 else 0):

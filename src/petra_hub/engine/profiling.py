@@ -23,7 +23,7 @@ from torch import nn
 
 from .accounting import graph_bytes, nbytes
 from .batchnorm import frozen_running_stats
-from .graph_budget import stage_inputs
+from .graph_budget import kept_graphs, stage_inputs
 from .messages import message_bytes
 from .modes import Mode
 from .randomness import preserved
@@ -192,8 +192,10 @@ def split_backward_shares(stage: nn.Module, inputs: Activation, targets, loss_fn
 
 def auto_partition(stages: list[nn.Module], loss_fn: Callable, sample_batch, num_ranks: int, mode: Mode | str,
                    group=None, distributed: bool = False, **options) -> list[int]:
-    """`Placement.auto` from `profile_stages` on pipeline rank 0, the sizes broadcast so that every rank agrees (a
-    collective when distributed; an error on rank 0 is raised on every rank)."""
+    """`Placement.auto` from `profile_stages` on pipeline rank 0 with the run's `options` (the Pipeline's, those that
+    change what a stage costs), the sizes broadcast so that every rank agrees (a collective when distributed; an
+    error on rank 0 is raised on every rank). A `memory_budget` is profiled as the graphs it keeps on an even split
+    (`graphs_an_even_split_keeps`)."""
     import torch.distributed as dist
 
     from .placement import Placement
@@ -204,8 +206,10 @@ def auto_partition(stages: list[nn.Module], loss_fn: Callable, sample_batch, num
     outcome = None
     if not distributed or dist.get_rank(group) == 0:
         try:
+            options = graphs_an_even_split_keeps(stages, mode, sample_batch[0], num_ranks, options)
             costs = profile_stages(stages, sample_batch, loss_fn, mode=mode, **options)
-            outcome = ("sizes", [len(g) for g in Placement.auto(costs, num_ranks).groups])
+            placement = Placement.auto(costs, num_ranks, accumulation_steps=options.get("accumulation_steps", 1))
+            outcome = ("sizes", [len(g) for g in placement.groups])
         except Exception as error:  # noqa: BLE001 - every rank must learn of it, or the others would wait forever
             if not distributed:
                 raise
@@ -217,3 +221,18 @@ def auto_partition(stages: list[nn.Module], loss_fn: Callable, sample_batch, num
     if outcome[0] == "error":
         raise RuntimeError(f"partition='auto': profiling the stages on pipeline rank 0 failed: {outcome[1]}")
     return outcome[1]
+
+
+def graphs_an_even_split_keeps(stages: list[nn.Module], mode: Mode | str, sample_inputs: Activation, num_ranks: int,
+                               options: dict) -> dict:
+    """`options` with a `memory_budget` replaced by the graphs it keeps on an even split of the stages over
+    `num_ranks`: which graphs fit a rank's budget depends on the split that the profile is there to choose, so the
+    profile measures those of the split the search starts from (the run keeps those of the split chosen)."""
+    if options.get("memory_budget") is None:
+        return options
+    from .placement import Placement
+
+    groups = Placement.balanced(len(stages), num_ranks).groups
+    kept = kept_graphs(stages, Mode.parse(mode), groups, options.get("keep_graphs"), options["memory_budget"],
+                       sample_inputs)
+    return options | {"keep_graphs": sorted(kept), "memory_budget": None}
