@@ -75,3 +75,15 @@ def test_a_checkpoint_without_generators_resumes_and_says_so(tmp_path, caplog):
         resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-3"))
     assert resumed.state.global_step == 6
     assert "random generators of 0 processes, this run has 1" in caplog.text
+
+
+def test_persistent_workers_augment_each_epoch_as_fresh_workers_do(tmp_path):
+    """Workers kept alive between epochs hold copies of the data set: they once kept augmenting with epoch 0's
+    stream, since set_epoch reached only the main process's copy."""
+    weights = []
+    for persistent in (False, True):
+        trainer = make_trainer(tmp_path / str(persistent), max_steps=12, dataloader_num_workers=1,
+                               dataloader_persistent_workers=persistent)
+        trainer.train()
+        weights.append(state_of(trainer.model))
+    assert_same_weights(*weights)

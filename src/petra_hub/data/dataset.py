@@ -15,7 +15,6 @@ import os
 import random
 from typing import Any, Callable, Sequence
 
-import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -49,20 +48,27 @@ class _ImageDataset(Dataset):
         self.labels = torch.as_tensor(labels, dtype=torch.int64).reshape(-1)
         self.augment = bool(augment)
         self.seed = int(seed)
-        self.epoch = 0
         self._source = source
         self._transform = transform
-        self._draws = np.zeros(len(self.labels), dtype=np.int64)
+        # The epoch and the per-item read counts live in shared memory: DataLoader workers kept alive between
+        # epochs (persistent_workers) hold copies of this object, and must see set_epoch too.
+        self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self._draws = torch.zeros(len(self.labels), dtype=torch.int64).share_memory_()
         self._mean = torch.tensor(info.mean, dtype=torch.float32).view(-1, 1, 1)
         self._std = torch.tensor(info.std, dtype=torch.float32).view(-1, 1, 1)
 
     def __len__(self) -> int:
         return len(self.labels)
 
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch[0])
+
     def set_epoch(self, epoch: int) -> None:
-        """Select the augmentation stream of ``epoch`` (and restart the per-item counters)."""
-        self.epoch = int(epoch)
-        self._draws[:] = 0
+        """Select the augmentation stream of ``epoch`` (and restart the per-item counters), in this process and in
+        its DataLoader workers."""
+        self._epoch[0] = int(epoch)
+        self._draws.zero_()
 
     def __getitem__(self, index) -> dict[str, Any]:
         index = operator.index(index)
