@@ -68,6 +68,15 @@ class Recorder(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
         self.events.append("step_begin")
 
+    def on_substep_end(self, args, state, control, **kwargs):
+        self.events.append("substep_end")
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self.events.append("pre_optimizer_step")
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.events.append("optimizer_step")
+
     def on_step_end(self, args, state, control, **kwargs):
         self.events.append("step_end")
 
@@ -90,6 +99,10 @@ def test_callbacks_logging_evaluation_and_drain(tmp_path):
     output = trainer.train()
     assert output.global_step == 6
     assert recorder.events.count("step_begin") == recorder.events.count("step_end") == 6
+    # as in transformers' Trainer (k = 2): one substep, then the optimizer events, which under PETRA mark the step's
+    # close (each stage applies the group at its own tick)
+    assert recorder.events[1:6] == ["step_begin", "substep_end", "pre_optimizer_step", "optimizer_step", "step_end"]
+    assert recorder.events.count("substep_end") == recorder.events.count("optimizer_step") == 6
     assert recorder.events[0] == "train_begin" and recorder.events[-1] == "train_end"
     training_logs = [log for log in recorder.logs if "learning_rate" in log]
     assert len(training_logs) == 3  # logging_steps=2 over 6 steps

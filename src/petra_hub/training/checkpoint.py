@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, rotate_checkpoints
 
 from ..engine import Pipeline
 from .rng_state import save_rng_state
@@ -102,6 +102,19 @@ def publish_checkpoint(staging: str, final: str, num_stages: int) -> None:
         shutil.rmtree(aside, ignore_errors=True)
     else:
         os.replace(staging, final)
+
+
+def checkpoint_to_resume(value: str | bool | None, output_dir: str, num_stages: int) -> str | None:
+    """`train(resume_from_checkpoint=...)`: a folder, or True for the last checkpoint of `output_dir`; checked
+    before transformers reads any of it."""
+    if value is True:
+        value = get_last_checkpoint(output_dir)
+        if value is None:
+            raise ValueError(f"resume_from_checkpoint=True, but output_dir {output_dir!r} holds no checkpoint")
+    if not value:
+        return None
+    validate_checkpoint(value, num_stages)
+    return value
 
 
 def validate_checkpoint(folder: str, num_stages: int) -> None:

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
 from transformers import Trainer
 from transformers.trainer_callback import ExportableState, TrainerState
-from transformers.trainer_utils import PredictionOutput, TrainOutput, get_last_checkpoint, speed_metrics
+from transformers.trainer_utils import PredictionOutput, TrainOutput, speed_metrics
 
 from ..engine import Pipeline, group_sizes, merge_stages, replica_of
 from .arguments import PetraTrainingArguments
@@ -39,7 +39,7 @@ from .batches import (
 )
 from .batches import repeated_first_batch
 from .card import write_run_card
-from .checkpoint import PetraState, load_best_model, load_stage_states, validate_checkpoint, write_checkpoint
+from .checkpoint import PetraState, checkpoint_to_resume, load_best_model, load_stage_states, write_checkpoint
 from .distributed import broadcast_module, raise_on_every_rank, world_size
 from .evaluation import run_inference
 from .fidelity import GradientFidelityCallback
@@ -225,6 +225,8 @@ class PetraTrainer(Trainer):
                 if self.pipeline.fed_in_group == 0:
                     self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
                 self._feed(batch)
+                if self.pipeline.fed_in_group:  # a micro-batch that does not end the step
+                    self.control = self.callback_handler.on_substep_end(args, self.state, self.control)
                 fed_this_epoch += 1
                 self._position = (epoch, fed_this_epoch)
                 self.state.epoch = epoch + fed_this_epoch / per_epoch if per_epoch else float(epoch)
@@ -265,16 +267,9 @@ class PetraTrainer(Trainer):
                           group_sizes(self.stages), args.petra_data_parallel)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
-        if resume_from_checkpoint is True:
-            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
-            if resume_from_checkpoint is None:
-                raise ValueError(
-                    f"resume_from_checkpoint=True, but output_dir {self.args.output_dir!r} holds no checkpoint"
-                )
-        if resume_from_checkpoint:  # before transformers reads any of it
-            validate_checkpoint(resume_from_checkpoint, len(self.stages))
+        resume_from_checkpoint = checkpoint_to_resume(resume_from_checkpoint, self.args.output_dir, len(self.stages))
         try:
-            return super().train(resume_from_checkpoint or None, *args, **kwargs)
+            return super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
             self._lock.release()
 
@@ -295,7 +290,10 @@ class PetraTrainer(Trainer):
         self._log_save_evaluate(trial, ignore_keys_for_eval)
 
     def _end_step(self, trial, ignore_keys_for_eval, last: bool) -> None:
-        """A global step ends: its accumulation group is closed (every stage applies it at its own tick)."""
+        """A global step ends: its accumulation group is closed (every stage applies it at its own tick, so the
+        optimizer events mark the step's close, not a moment when gradients can be read)."""
+        for event in (self.callback_handler.on_pre_optimizer_step, self.callback_handler.on_optimizer_step):
+            self.control = event(self.args, self.state, self.control)
         if last:  # drain first, so that the last step's log holds the last losses
             self._pending.add(self.pipeline.drain())
         self.state.global_step += 1
