@@ -29,7 +29,8 @@ def vit_trainer(folder, init_seed):
     base = make_trainer(folder, optim="adamw_torch", optim_args=None, learning_rate=1e-3, **STEPS)
     torch.manual_seed(init_seed)
     model = RevViTForImageClassification(small_revvit_config("revvit-tiny", drop_path_rate=0.1))
-    return PetraTrainer(model=model, args=base.args, train_dataset=base.train_dataset, data_collator=collate_image_batch)
+    return PetraTrainer(model=model, args=base.args, train_dataset=base.train_dataset,
+                        data_collator=collate_image_batch)
 
 
 def test_stochastic_depth_resumes_exactly(tmp_path):
