@@ -184,3 +184,60 @@ def test_data_parallel_replicas_average_their_gradients(tmp_path):
     assert all(torch.equal(first["own_data"][k], second["own_data"][k]) for k in first["own_data"])
     weight = "revnet.embedder.layers.0.weight"
     assert not torch.equal(first["own_data"][weight], reference.state_dict()[weight])
+
+
+class _SlowOnReplica(torch.nn.Module):
+    """A linear stage that is slow on the processes of replica `replica` only (as noisy timings or unequal machines
+    would make it)."""
+
+    def __init__(self, replica):
+        super().__init__()
+        self.linear, self.replica = torch.nn.Linear(8, 8), replica
+
+    def forward(self, x):
+        import torch.distributed as dist
+
+        if dist.is_initialized() and dist.get_rank() // 2 == self.replica:
+            time.sleep(0.03)
+        return torch.tanh(self.linear(x))
+
+
+def _replicas_partitioned(rank, world_size):
+    from petra_hub.engine import StageMismatchError
+
+    torch.manual_seed(0)
+    stages = [_SlowOnReplica(0), torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), _SlowOnReplica(1),
+              torch.nn.Linear(8, 3)]
+    batch = (torch.randn(4, 8), torch.randint(0, 3, (4,)))
+    pipeline = Pipeline(stages, F.cross_entropy, data_parallel_size=2, partition="auto", profile_batch=batch,
+                        optimizer_factory=lambda i, s: torch.optim.SGD(s.parameters(), lr=0.1), timeout=20)
+    for _ in range(6):
+        pipeline.step(*batch)
+    pipeline.drain()
+    trained = {index: [p.detach().clone() for p in stages[index].parameters()] for index in pipeline.local}
+    # partitions given by hand that differ between replicas: refused at the start-up handshake on every rank
+    mismatched = Pipeline(stages, F.cross_entropy, data_parallel_size=2, partition=[1, 4] if rank < 2 else [2, 3],
+                          timeout=20)
+    try:
+        mismatched.step(*batch)
+        refused = None
+    except StageMismatchError as error:
+        refused = str(error)
+    return [len(group) for group in pipeline.placement.groups], trained, refused
+
+
+def test_data_parallel_replicas_share_one_automatic_partition(tmp_path):
+    """Replica 0 finds stage 0 slow, replica 1 stage 3: profiled on their own, they picked different splits and gloo
+    aborted at the first gradient average. One profile (global rank 0, replica 0's pipeline rank 0) decides for
+    every replica, and the settings check spans the replicas."""
+    torch.set_num_threads(1)
+    results, codes, _ = run_ranks(_replicas_partitioned, 4, out_dir=tmp_path, deadline=150, pg_timeout=30)
+    for rank, result in enumerate(results):
+        assert result is not None and "error" not in result, (rank, result and result.get("traceback"))
+    assert codes == [0] * 4
+    splits = [result["value"][0] for result in results]
+    assert splits == [[1, 4]] * 4  # what replica 0 measured: its slow stage 0 on a rank of its own
+    first, second = results[0]["value"][1], results[2]["value"][1]  # the same stages in both replicas
+    assert first.keys() == second.keys() == {0}
+    assert all(torch.equal(a, b) for a, b in zip(first[0], second[0]))
+    assert all("ranks disagree" in (result["value"][2] or "not refused") for result in results)

@@ -37,15 +37,19 @@ def handshake(
     router: Router,
     settings: tuple,
     group: dist.ProcessGroup | None,
+    job_group: dist.ProcessGroup | None,
     global_ranks: list[int] | None,
     device: torch.device | None,
     precision: Precision | None = None,
 ) -> None:
     """Fill `router.specs`, checking every stage of this rank against what its predecessor produces under the
     precision policy. `settings` (what must agree across ranks: stages, mode, k, partition, precision) is compared
-    over `group` when distributed. A collective that fails (a peer died) becomes a PeerFailureError."""
+    over `job_group` when distributed: every rank of the run, so that data-parallel replicas, whose gradient
+    averages pair their stages, agree too. The shapes travel over the pipeline's `group`. A collective that fails (a
+    peer died) becomes a PeerFailureError."""
     try:
-        _handshake(input_spec, stages, router, settings, group, global_ranks, device, precision or Precision())
+        _handshake(input_spec, stages, router, settings, group, job_group, global_ranks, device,
+                   precision or Precision())
     except PipelineError:
         raise
     except Exception as error:  # gloo's bare RuntimeError (DistBackendError) when a peer is gone
@@ -57,11 +61,11 @@ def handshake(
         ) from error
 
 
-def _handshake(input_spec, stages, router, settings, group, global_ranks, device, precision) -> None:
+def _handshake(input_spec, stages, router, settings, group, job_group, global_ranks, device, precision) -> None:
     distributed = global_ranks is not None
     if distributed:
-        everyone = [None] * dist.get_world_size(group)
-        dist.all_gather_object(everyone, settings, group=group)
+        everyone = [None] * dist.get_world_size(job_group)
+        dist.all_gather_object(everyone, settings, group=job_group)
         if any(other != settings for other in everyone):
             raise StageMismatchError(f"ranks disagree on (stages, mode, k, partition, precision): {everyone}")
     local, error, spec = router.local, None, input_spec

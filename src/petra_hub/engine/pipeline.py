@@ -147,10 +147,11 @@ class Pipeline(Readings):
         self.group = group
         world = dist.get_world_size(group) if distributed else 1
         self.rank = dist.get_rank(group) if distributed else 0
-        if partition == "auto":  # measured with every option that changes what a stage costs (not the scheduler,
-            # which could move the profile's weights from learning rate 0, nor on_update, which would see its gradients)
+        if partition == "auto":  # one split for the whole run (every replica), measured with the options that change
+            # what a stage costs (not the scheduler, which could move the profile's weights from learning rate 0, nor
+            # on_update, which would see its gradients)
             partition = auto_partition(
-                self.stages, loss_fn, profile_batch, world, self.mode, group, distributed, device=device,
+                self.stages, loss_fn, profile_batch, world, self.mode, self.job_group, distributed, device=device,
                 precision=self.precision, optimizer_factory=optimizer_factory, accumulation_steps=accumulation_steps,
                 max_grad_norm=max_grad_norm, check_reconstruction_every=check_reconstruction_every,
                 compile_options=compile_options, weight_prediction=weight_prediction, keep_graphs=keep_graphs,
@@ -390,12 +391,12 @@ class Pipeline(Readings):
         with self._breaker.guard(lambda: self.tick):
             if spec is not None and self._input_spec is None:  # the first micro-batch: learn every boundary's shape
                 settings = self._settings()
-                handshake(spec, self.stages, self.router, settings, self.group, self._global_ranks, self.device,
-                          self.precision)
+                handshake(spec, self.stages, self.router, settings, self.group, self.job_group, self._global_ranks,
+                          self.device, self.precision)
                 self._input_spec = spec
             yield
 
     def _settings(self) -> tuple:
-        """What every rank of the pipeline must agree on."""
+        """What every rank of the run (every replica's) must agree on."""
         return (self.num_stages, self.mode.value, self.accumulation_steps, [len(g) for g in self.placement.groups],
                 self.precision.describe(), self.weight_prediction)

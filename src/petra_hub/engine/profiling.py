@@ -192,10 +192,12 @@ def split_backward_shares(stage: nn.Module, inputs: Activation, targets, loss_fn
 
 def auto_partition(stages: list[nn.Module], loss_fn: Callable, sample_batch, num_ranks: int, mode: Mode | str,
                    group=None, distributed: bool = False, **options) -> list[int]:
-    """`Placement.auto` from `profile_stages` on pipeline rank 0 with the run's `options` (the Pipeline's, those that
-    change what a stage costs), the sizes broadcast so that every rank agrees (a collective when distributed; an
-    error on rank 0 is raised on every rank). A `memory_budget` is profiled as the graphs it keeps on an even split
-    (`graphs_an_even_split_keeps`)."""
+    """`Placement.auto` from `profile_stages` on rank 0 of `group` with the run's `options` (the Pipeline's, those
+    that change what a stage costs), the sizes broadcast over `group` so that every rank agrees (a collective when
+    distributed; an error on rank 0 is raised on every rank). `group` holds every rank of the run: with data
+    parallelism, every replica (the default group, whose rank 0 is pipeline rank 0 of replica 0), since replicas
+    profiling on their own could choose different splits, and their gradient averages would pair different stages.
+    A `memory_budget` is profiled as the graphs it keeps on an even split (`graphs_an_even_split_keeps`)."""
     import torch.distributed as dist
 
     from .placement import Placement
