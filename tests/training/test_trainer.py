@@ -309,3 +309,16 @@ def test_push_to_hub_uploads_the_gathered_folder_with_its_card(tmp_path, monkeyp
     assert "checkpoint-*" in ignored
     card = ModelCard.load(tmp_path / "README.md")
     assert card.data.eval_results[0].metric_value == trainer._last_eval_metrics["eval_accuracy"]
+
+
+def test_logs_hold_only_what_happened(tmp_path):
+    """No grad_norm before any stage has updated (the head closes its first group, micro-batches 0 and 1, at tick
+    J = 10: in the last step's drain); no training-loss entry with logging_strategy="no" (both were logged)."""
+    recorder = Recorder()
+    trainer = make_trainer(tmp_path / "a", callbacks=[recorder], logging_steps=1, max_grad_norm=1.0)
+    trainer.train()
+    steps = [log for log in recorder.logs if "learning_rate" in log]
+    assert ["grad_norm" in log for log in steps] == [False] * 5 + [True] and steps[-1]["grad_norm"] > 0
+    recorder = Recorder()
+    make_trainer(tmp_path / "b", callbacks=[recorder], logging_strategy="no").train()
+    assert [sorted(log) for log in recorder.logs if "loss" in log] == []

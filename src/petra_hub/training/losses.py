@@ -50,10 +50,13 @@ def collect(pending: LossWindow, device, global_step: int, last_stage: int) -> L
     return LossWindow(loss_sum, int(count), pending.samples)
 
 
-def grad_norm(pipeline: Pipeline, device, replicas: int) -> float:
-    """The norm over all stages of their last averaged gradients, before clipping (a collective)."""
-    squares = sum(c.grad_norm**2 for c in pipeline.counters().values() if c.grad_norm is not None)
-    total = all_reduce_sum(torch.tensor([squares], dtype=torch.float64), device)
+def grad_norm(pipeline: Pipeline, device, replicas: int) -> float | None:
+    """The norm over all stages of their last averaged gradients, before clipping (a collective); None before any
+    stage has updated."""
+    norms = [c.grad_norm for c in pipeline.counters().values() if c.grad_norm is not None]
+    total = all_reduce_sum(torch.tensor([sum(n**2 for n in norms), len(norms)], dtype=torch.float64), device)
+    if total[1] == 0:
+        return None
     return math.sqrt(float(total[0]) / replicas)  # replicas hold equal gradients
 
 
@@ -81,8 +84,9 @@ def training_logs(window: LossWindow, pipeline: Pipeline, args) -> dict[str, flo
     logs = {}
     if window.losses:
         logs["loss"] = window.loss_sum / window.losses
-    if args.max_grad_norm:
-        logs["grad_norm"] = grad_norm(pipeline, args.device, args.petra_data_parallel)
+    norm = grad_norm(pipeline, args.device, args.petra_data_parallel) if args.max_grad_norm else None
+    if norm is not None:
+        logs["grad_norm"] = norm
     if args.petra_check_reconstruction_every:
         logs.update(reconstruction_error(pipeline, args))
     learning_rate = pipeline.last_lr()

@@ -247,7 +247,8 @@ class PetraTrainer(Trainer):
             self.pipeline.end_group()
             self._end_step(trial, ignore_keys_for_eval, last=True)
         self._sync_model()
-        if self._globalstep_last_logged < self.state.global_step or self._unlogged.losses:
+        if args.logging_strategy != "no" and (self._globalstep_last_logged < self.state.global_step
+                                              or self._unlogged.losses):
             self._log_training(force=True)
         if args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
             load_best_model(self.model, self.state.best_model_checkpoint)
