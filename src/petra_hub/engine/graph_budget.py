@@ -9,11 +9,12 @@ graph's saved tensors (and, in a pipelined mode, a copy of the weights) instead,
 that stage. Any stage but the last may keep its graph (the last one's forward and backward are one operation).
 
 The budget counts, per rank, the activation bytes the rank's stages hold at the steady state between ticks (what
-`Pipeline.memory()` reports): what the mode holds anyway (stored inputs) plus, for each kept graph, its graph and
-weight copy minus the input it replaces. Graphs are kept smallest extra cost first, while the total fits. Within a
-tick a stage briefly holds one micro-batch more (the forward runs before the backward), which the budget leaves out
-as the memory readings do. Every rank works out every rank's choice from the same measurements, so a stage's
-neighbours know whether it still needs its output sent back for reconstruction.
+`Pipeline.memory()` reports): what the mode holds anyway (stored inputs) plus, for each kept graph, its graph, its input
+(which the worker keeps for the input's gradient, also where the graph does not save it) and weight copy, minus the
+input it replaces. Graphs are kept smallest extra cost first, while the total fits. Within a tick a stage briefly holds
+one micro-batch more (the forward runs before the backward), which the budget leaves out as the memory readings do.
+Every rank works out every rank's choice from the same measurements, so a stage's neighbours know whether it still needs
+its output sent back for reconstruction.
 """
 
 from __future__ import annotations
@@ -97,10 +98,11 @@ def kept_graphs(
 
 
 def kept_graph_bytes(stage: nn.Module, inputs: Activation, in_flight: int, pipelined: bool) -> int:
-    """What `stage` holds keeping its graph for `in_flight` micro-batches (measured on `inputs`): each one's graph
-    and, in a pipelined mode, the copy of the weights it was built on."""
+    """What `stage` holds keeping its graph for `in_flight` micro-batches (measured on `inputs`): each one's graph,
+    its input (the worker keeps it to read the input's gradient from, whether or not the graph saves it) and, in a
+    pipelined mode, the copy of the weights it was built on."""
     copy = sum(p.nbytes for p in stage.parameters() if p.requires_grad) if pipelined else 0
-    return in_flight * (graph_bytes(stage, inputs) + copy)
+    return in_flight * (graph_bytes(stage, inputs, with_inputs=True) + copy)
 
 
 def stage_inputs(stages: list[nn.Module], inputs: Activation, last: int) -> list[Activation]:
