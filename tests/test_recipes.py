@@ -294,7 +294,7 @@ def test_a_datasets_image_label_set_from_a_local_folder(tmp_path, datasets_cache
     saved = json.loads((out / "config.json").read_text())
     assert saved["id2label"]["3"] == "three"
     processor = json.loads((out / "preprocessor_config.json").read_text())
-    assert processor["size"] == {"height": 16, "width": 16}
+    assert processor["size"] == {"shortest_edge": 16} and processor["crop_size"] == {"height": 16, "width": 16}
 
 
 def test_augment_false_trains_on_the_images_as_evaluation_sees_them(tmp_path, datasets_cache):

@@ -184,14 +184,18 @@ def collate_image_batch(items: Sequence[dict]) -> dict[str, torch.Tensor]:
     }
 
 
-def image_processor_for(info: DatasetInfo):
-    """A ``transformers.ViTImageProcessor`` that resizes to ``S`` x ``S`` (bilinear), converts
-    to RGB, rescales by 1/255 and normalises with ``info.mean`` / ``info.std``."""
-    from transformers import ViTImageProcessor
+def image_processor_for(info: DatasetInfo, shorter_side: int | None = None):
+    """The image processor saved with a model: it prepares an image as evaluation did. Without `shorter_side`, a
+    ``transformers.ViTImageProcessor`` resizing to ``S`` x ``S`` (the small sets' evaluation); with it, a
+    ``BitImageProcessor`` resizing the shorter side to `shorter_side`, then cropping the centred ``S`` x ``S``
+    (ImageNet's 256 then 224, the recipe's Resize + CenterCrop). Both are bilinear, convert to RGB, rescale by 1/255
+    and normalise with ``info.mean`` / ``info.std``."""
+    from transformers import BitImageProcessor, ViTImageProcessor
 
     s = info.image_size
-    return ViTImageProcessor(
-        do_resize=True, size={"height": s, "width": s}, resample=2,  # PIL bilinear
-        do_rescale=True, rescale_factor=1 / 255, do_normalize=True,
-        image_mean=list(info.mean), image_std=list(info.std), do_convert_rgb=True,
-    )
+    common = dict(resample=2, do_rescale=True, rescale_factor=1 / 255, do_normalize=True,  # resample 2: bilinear
+                  image_mean=list(info.mean), image_std=list(info.std), do_convert_rgb=True)
+    if shorter_side is None:
+        return ViTImageProcessor(do_resize=True, size={"height": s, "width": s}, **common)
+    return BitImageProcessor(do_resize=True, size={"shortest_edge": shorter_side}, do_center_crop=True,
+                             crop_size={"height": s, "width": s}, **common)

@@ -53,6 +53,12 @@ class DatasetSpec:
     def transform(self, augment: bool) -> Transform:
         return self.train_transform if augment else self.test_transform
 
+    @property
+    def eval_shorter_side(self) -> int | None:
+        """The side evaluation resizes the shorter side of an image to before a centred crop (ImageNet: 256, then
+        224 x 224), or None where it resizes to the model's size directly."""
+        return getattr(self.test_transform, "resize", None)
+
     def hub_splits(self, split: str) -> tuple[str, ...]:
         """The Hub split names tried, in order, for split "train" or "test"."""
         return ("train",) if split == "train" else self.hub_test_splits

@@ -59,21 +59,22 @@ def save_for_hub(
     """Write a folder ready for the Hub: config.json + model.safetensors (+ the model code for
     ``trust_remote_code``), preprocessor_config.json and README.md (the card).
 
-    `image_processor` defaults to ``data.image_processor_for(dataset_spec(summary.dataset).info)``; a data set
-    petra_hub does not know needs one (else ValueError). When `summary.num_parameters` is None it is counted
-    from the model. A config whose labels are still the placeholders LABEL_i gets the data set's class names
-    (so pipelines print "cat", not "LABEL_3").
+    `image_processor` defaults to the data set's (``data.image_processor_for``: images prepared as its evaluation
+    prepares them); a data set petra_hub does not know needs one (else ValueError). When `summary.num_parameters` is
+    None it is counted from the model. A config whose labels are still the placeholders LABEL_i gets the data set's
+    class names (so pipelines print "cat", not "LABEL_3").
     """
     summary.validate()
     model = _unwrap(model)
     try:
-        info = dataset_spec(summary.dataset).info
+        spec = dataset_spec(summary.dataset)
     except ValueError:
         if image_processor is None:
             raise
-        info = None
+        spec = None
+    info = spec.info if spec is not None else None
     if image_processor is None:
-        image_processor = image_processor_for(info)
+        image_processor = image_processor_for(info, spec.eval_shorter_side)
     if info is not None and info.num_labels != model.config.num_labels:
         warnings.warn(
             f"the model has {model.config.num_labels} labels but data set {summary.dataset!r} has "

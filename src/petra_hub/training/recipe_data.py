@@ -181,7 +181,7 @@ def _load_builtin(args: DataArguments, seed: int, splits: set[str]) -> RecipeDat
         label_names=list(info.label_names),
         image_size=info.image_size,
         collator=collate_image_batch,
-        processor=image_processor_for(info),
+        processor=image_processor_for(info, spec.eval_shorter_side),
         name=name,
     )
 
@@ -250,8 +250,8 @@ def _load_datasets(args: DataArguments, seed: int, splits: set[str], processor) 
     mean, std = normalisation(processor)
     name = os.path.basename(os.path.normpath(args.dataset_name or args.train_dir or args.validation_dir))
     if processor is None:
-        processor = image_processor_for(DatasetInfo(name, len(label_names), size, 3, tuple(mean), tuple(std),
-                                                    tuple(label_names)))
+        info = DatasetInfo(name, len(label_names), size, 3, tuple(mean), tuple(std), tuple(label_names))
+        processor = image_processor_for(info, shorter_side=size)  # as `image_transforms` evaluates
     train_transform, eval_transform = image_transforms(size, mean, std)
 
     def select(split: str, transform, limit: int | None, shuffle: bool):
