@@ -297,6 +297,44 @@ def test_a_datasets_image_label_set_from_a_local_folder(tmp_path, datasets_cache
     assert processor["size"] == {"shortest_edge": 16} and processor["crop_size"] == {"height": 16, "width": 16}
 
 
+@pytest.mark.parametrize("labels", [[0.0, 1.9, 2.7, 0.5, 1.0, 2.0], [0, 1, -1, 2, 1, 0]])
+def test_plain_labels_must_be_class_indices(tmp_path, datasets_cache, labels):
+    """A plain (not ClassLabel) label column under another name than "label": floats were truncated (1.9 -> 1) and
+    a negative label passed through, since the trainer's own check reads only "label" / "labels"."""
+    import datasets
+
+    from petra_hub.training.recipe_data import DataArguments, load_data
+
+    images, _ = digit_images(6)
+    data = datasets.Dataset.from_dict({"image": images, "fine_label": labels}).cast_column("image", datasets.Image())
+    datasets.DatasetDict(train=data, test=data).save_to_disk(str(tmp_path / "set"))
+    with pytest.raises(ValueError, match="label column 'fine_label' holds .*class labels must be integers from 0"):
+        load_data(DataArguments(dataset_name=str(tmp_path / "set")), seed=0, splits={"train", "eval"})
+
+
+def test_the_collator_refuses_float_labels():
+    from petra_hub.training.recipe_data import ImageClassificationCollator
+
+    examples = [{"pixel_values": torch.zeros(3, 2, 2), "label": value} for value in (1.9, 0.0)]
+    with pytest.raises(ValueError, match="never truncated"):
+        ImageClassificationCollator("label")(examples)
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--data_dir", "/nowhere"], "--data_dir and --hub_id do not apply"),
+    (["--image_size", "64"], "--image_size applies to a `datasets` set"),
+    (["--label_column_name", "fine"], "--label_column_name applies"),
+    (["--train_val_split", "0.5"], "--train_val_split applies"),
+    (["--dataset_config_name", "plain"], "--dataset_config_name applies"),
+    (["--dataset", "cifar10", "--dataset_name", "uoft-cs/cifar100"], "name different sets"),
+    (["--dataset", "cifar10", "--train_dir", "images"], "--dataset cifar10 names a built-in set"),
+])
+def test_flags_a_builtin_set_would_ignore_are_refused(argv, named):
+    with pytest.raises(ValueError, match=named):
+        recipe.parse(argv)
+    assert recipe.parse(["--image_size", "16"])[1].image_size == 16  # digits' own size: nothing ignored
+
+
 def test_augment_false_trains_on_the_images_as_evaluation_sees_them(tmp_path, datasets_cache):
     import datasets
 

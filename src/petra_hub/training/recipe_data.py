@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -94,8 +94,28 @@ class DataArguments:
                              "--train_dir/--validation_dir leave them unset")
         if self.train_val_split is not None and not 0.0 <= self.train_val_split < 1.0:
             raise ValueError(f"train_val_split must lie in [0, 1), got {self.train_val_split}")
+        if self.uses_datasets and self.dataset != DataArguments.dataset:
+            raise ValueError(f"--dataset {self.dataset} names a built-in set, but --dataset_name / --train_dir "
+                             "choose another: give one of them")
         if not self.uses_datasets:
-            dataset_spec(self.dataset)  # an unknown name is an error naming the known ones
+            self._refuse_what_a_builtin_set_ignores()
+
+    _GENERIC = ("image_column_name", "label_column_name", "dataset_config_name", "train_val_split", "image_size")
+
+    def _refuse_what_a_builtin_set_ignores(self) -> None:
+        name = self.builtin_for_hub_id or self.dataset
+        spec = dataset_spec(name)  # an unknown name is an error naming the known ones
+        if self.dataset_name and self.dataset not in (DataArguments.dataset, name):
+            raise ValueError(f"--dataset {self.dataset} and --dataset_name {self.dataset_name} (the Hub copy of "
+                             f"{name}) name different sets: give one of them")
+        if spec.reader.embedded and (self.data_dir or self.hub_id):
+            raise ValueError(f"{name} is embedded in petra_hub: --data_dir and --hub_id do not apply to it")
+        defaults = {f.name: f.default for f in fields(DataArguments)}
+        changed = [key for key in self._GENERIC if getattr(self, key) != defaults[key]
+                   and not (key == "image_size" and self.image_size == spec.info.image_size)]
+        if changed:
+            raise ValueError(f"--{changed[0]} applies to a `datasets` set (--dataset_name, --train_dir); the built-in "
+                             f"{name} has its own columns, splits and image size ({spec.info.image_size} pixels)")
 
     @property
     def uses_datasets(self) -> bool:
@@ -142,10 +162,8 @@ class ImageClassificationCollator:
     label_column: str = "label"
 
     def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
-        return {
-            "pixel_values": torch.stack([example["pixel_values"] for example in examples]),
-            "labels": torch.tensor([example[self.label_column] for example in examples], dtype=torch.int64),
-        }
+        items = [{"pixel_values": e["pixel_values"], "labels": e[self.label_column]} for e in examples]
+        return collate_image_batch(items)  # refuses float labels rather than truncating them
 
 
 def image_transforms(size: int, mean, std) -> tuple[Callable, Callable]:
@@ -239,6 +257,7 @@ def _load_datasets(args: DataArguments, seed: int, splits: set[str], processor) 
             label_names = values
             data = data.cast_column(label_column, datasets.ClassLabel(names=values))
         else:
+            check_class_indices(values, label_column)
             label_names = [str(i) for i in range(int(max(values)) + 1)]
 
     if args.image_size:
@@ -273,6 +292,14 @@ def _load_datasets(args: DataArguments, seed: int, splits: set[str], processor) 
         processor=processor,
         name=name,
     )
+
+
+def check_class_indices(values: list, column: str) -> None:
+    """Plain label values must be class indices: integers from 0 (floats are refused, never truncated)."""
+    wrong = [v for v in values if isinstance(v, bool) or not isinstance(v, int) or v < 0]
+    if wrong:
+        raise ValueError(f"label column {column!r} holds {wrong[:4]}: class labels must be integers from 0 (or "
+                         "strings, or a ClassLabel feature); floats are never truncated")
 
 
 def normalisation(processor) -> tuple[tuple[float, ...], tuple[float, ...]]:
