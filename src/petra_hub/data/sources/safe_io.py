@@ -8,7 +8,15 @@
                                    against its cap before reading, at most
                                    ``MAX_TAR_MEMBERS`` members and ``max_total_bytes``
                                    of content scanned, the scan stopping once every
-                                   wanted member is found.
+                                   wanted member is found.  Header data is capped
+                                   before tarfile reads it (tarfile reads a GNU long
+                                   name / long link or a pax header whole, whatever
+                                   size it claims): each read of it at most
+                                   ``MAX_TAR_HEADER_RECORD`` bytes, at most
+                                   ``MAX_TAR_HEADER_READS`` reads ahead of one member
+                                   (chained records, sparse maps) and
+                                   ``MAX_TAR_HEADER_BYTES`` in all.  So no more of the
+                                   stream is ever decompressed than the caps allow.
 ``load_npz(path, max_bytes)``      the arrays of an ``.npz``, each member read with
                                    numpy's ``.npy`` reader and ``allow_pickle=False``
                                    (what ``np.load`` does); the file size, the members'
@@ -45,10 +53,19 @@ import zlib
 
 import numpy as np
 
-__all__ = ["MAX_TAR_MEMBERS", "read_capped", "read_tar_members", "load_npz", "unpickle"]
+__all__ = ["MAX_TAR_MEMBERS", "MAX_TAR_HEADER_RECORD", "MAX_TAR_HEADER_READS", "MAX_TAR_HEADER_BYTES",
+           "read_capped", "read_tar_members", "load_npz", "unpickle"]
 
 # A CIFAR archive holds 5 to 9 entries; anything with more is not one.
 MAX_TAR_MEMBERS = 1_000
+# Header data of an archive (tarfile reads each record whole, before any cap here could look at it).  One
+# record: a GNU long name or long link, a pax header (POSIX paths are at most 4 KiB).
+MAX_TAR_HEADER_RECORD = 64 * 1024
+# Reads ahead of one member: its header, its records and their headers (pax global + pax + long name + long
+# link take 10), or a sparse map's blocks.  tarfile recurses once per record: this also bounds its depth.
+MAX_TAR_HEADER_READS = 16
+# All header data of the archive: 1,000 members with a pax header each take 1 MB.
+MAX_TAR_HEADER_BYTES = 4 * 2**20
 
 
 class _Refused(ValueError):
@@ -72,6 +89,59 @@ def read_capped(path: str, max_bytes: int, what: str = "this file") -> bytes:
     return raw
 
 
+class _HeaderRefused(_Refused):
+    """Header data over a cap (re-raised by :func:`read_tar_members` with the archive's path)."""
+
+
+class _HeaderReads:
+    """The (decompressed) stream tarfile reads, refusing header reads over the caps.
+
+    ``guarded`` is set while ``TarFile.next()`` runs: everything it reads then is header
+    data (member data is read through ``extractfile``, or skipped with ``seek``).  Each
+    read is checked before the stream is asked for it."""
+
+    def __init__(self, fileobj):
+        self._fileobj = fileobj
+        self.guarded = False
+        self.reads = 0  # in this next()
+        self.total = 0  # in the whole archive
+
+    def __getattr__(self, name):  # seek, tell, close, name, ...
+        return getattr(self._fileobj, name)
+
+    def read(self, size=-1):
+        if self.guarded:
+            if size is None or size < 0 or size > MAX_TAR_HEADER_RECORD:
+                claimed = "unbounded size" if size is None or size < 0 else f"{size:,} bytes"
+                raise _HeaderRefused(f"a header record (long name, long link or pax header) of {claimed}, more "
+                                     f"than one can be (at most {MAX_TAR_HEADER_RECORD:,} bytes); refusing to read it")
+            self.reads += 1
+            self.total += size
+            if self.reads > MAX_TAR_HEADER_READS:
+                raise _HeaderRefused(f"more than {MAX_TAR_HEADER_READS} header reads ahead of one member "
+                                     "(chained long names / pax headers, or a long sparse map); "
+                                     "not a data set archive")
+            if self.total > MAX_TAR_HEADER_BYTES:
+                raise _HeaderRefused(f"header records add up to more than {MAX_TAR_HEADER_BYTES:,} bytes "
+                                     "(long names, pax headers); not a data set archive")
+        return self._fileobj.read(size)
+
+
+class _CappedTarFile(tarfile.TarFile):
+    """A TarFile whose header reads go through :class:`_HeaderReads` (the first one too:
+    ``TarFile.__init__`` reads the first member with ``self.next()``)."""
+
+    def next(self):
+        guard = self.fileobj
+        if not isinstance(guard, _HeaderReads):
+            guard = self.fileobj = _HeaderReads(self.fileobj)
+        guard.guarded, guard.reads = True, 0
+        try:
+            return super().next()
+        finally:
+            guard.guarded = False
+
+
 def read_tar_members(tar_path: str, caps: dict[str, tuple[int, str]],
                      max_total_bytes: int) -> dict[str, bytes]:
     """Bytes of the regular-file members whose base name is a key of ``caps`` (the first of
@@ -79,7 +149,7 @@ def read_tar_members(tar_path: str, caps: dict[str, tuple[int, str]],
     Missing names are simply absent."""
     out: dict[str, bytes] = {}
     try:
-        with tarfile.open(tar_path, "r:*") as tar:
+        with _CappedTarFile.open(tar_path, "r:*") as tar:
             count = total = 0
             while len(out) < len(caps):
                 member = tar.next()
@@ -100,6 +170,8 @@ def read_tar_members(tar_path: str, caps: dict[str, tuple[int, str]],
                 if member.size > caps[base][0]:
                     raise _too_big(where, member.size, *caps[base])
                 out[base] = tar.extractfile(member).read()  # member.size bytes at most
+    except _HeaderRefused as exc:
+        raise _Refused(f"{tar_path}: {exc}") from None
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         raise ValueError(f"{tar_path}: unreadable archive ({exc})") from None
     return out
