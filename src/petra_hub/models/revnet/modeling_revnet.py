@@ -4,15 +4,12 @@ The network is a list of *stages*: the stem, one stage per block, and the head. 
 (x1, x2) to (x2 + F(x1), x1) and can therefore rebuild its input from its output; a pipeline that trains it
 needs no activation buffer. `RevNetForImageClassification.get_stages()` hands these stages to a training engine.
 
-This file may import only torch, transformers and its configuration file: it is copied next to saved checkpoints
-so that `trust_remote_code=True` users can load them without petra_hub.
+This file may import only torch, transformers, its configuration file and loading_checks.py (the loading checks
+shared by the families): they are copied next to saved checkpoints so that `trust_remote_code=True` users can load
+them without petra_hub.
 """
 
 from __future__ import annotations
-
-import json
-import os
-import warnings
 
 import torch
 import torch.nn.functional as functional
@@ -25,6 +22,7 @@ from transformers.modeling_outputs import (
 )
 
 from .configuration_revnet import RevNetConfig
+from .loading_checks import CheckedLoadingMixin
 
 Streams = tuple[torch.Tensor, torch.Tensor]
 
@@ -213,7 +211,7 @@ def build_blocks(config: RevNetConfig) -> tuple[list[nn.Module], int]:
     return blocks, width
 
 
-class RevNetPreTrainedModel(PreTrainedModel):
+class RevNetPreTrainedModel(CheckedLoadingMixin, PreTrainedModel):
     config_class = RevNetConfig
     config: RevNetConfig
     base_model_prefix = "revnet"
@@ -235,37 +233,6 @@ class RevNetPreTrainedModel(PreTrainedModel):
             init.zeros_(module.running_mean)
             init.ones_(module.running_var)
             init.zeros_(module.num_batches_tracked)
-
-    @classmethod
-    def from_pretrained(cls, *args, **kwargs):
-        """transformers' `from_pretrained`, plus a warning naming any weight or statistic that holds NaN or
-        infinity (a checkpoint saved from a diverged run loads without error but predicts nothing useful)."""
-        folder = args[0] if args else kwargs.get("pretrained_model_name_or_path")
-        if isinstance(folder, (str, os.PathLike)) and os.path.isdir(folder) and kwargs.get("config") is None:
-            _check_config_file(os.path.join(folder, "config.json"))
-        loaded = super().from_pretrained(*args, **kwargs)
-        model = loaded[0] if isinstance(loaded, tuple) else loaded
-        bad = [
-            name for name, tensor in model.state_dict().items()
-            if tensor.is_floating_point() and not torch.isfinite(tensor).all()
-        ]
-        if bad:
-            shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-            warnings.warn(f"{cls.__name__}.from_pretrained: non-finite values (NaN or inf) in {shown}", stacklevel=2)
-        return loaded
-
-
-def _check_config_file(path: str) -> None:
-    """A saved folder's config.json must exist and hold a JSON object (clear errors instead of transformers' own)."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path} does not exist: a saved RevNet folder needs its config.json")
-    try:
-        with open(path, encoding="utf-8") as handle:
-            content = json.load(handle)
-    except ValueError as error:
-        raise ValueError(f"{path} is not valid JSON ({error})") from None
-    if not isinstance(content, dict):
-        raise ValueError(f"{path} must hold a JSON object of configuration fields, got a {type(content).__name__}")
 
 
 class RevNetModel(RevNetPreTrainedModel):

@@ -10,7 +10,8 @@ the forward's order: a block that draws (dropout, stochastic depth in training) 
 generator, and F and G draw from private generators seeded from it. The engine replays the global generator for a
 reconstruction, so the block draws the same seed and F and G the same masks, in any order.
 
-This file may import only torch, transformers and its configuration file (it is copied next to checkpoints).
+This file may import only torch, transformers, its configuration file and loading_checks.py (the loading checks
+shared by the families): they are copied next to checkpoints.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from transformers.modeling_outputs import (
 )
 
 from .configuration_revvit import RevViTConfig
+from .loading_checks import CheckedLoadingMixin
 
 Streams = tuple[torch.Tensor, torch.Tensor]
 
@@ -157,7 +159,7 @@ class RevViTHead(nn.Module):
         return self.classifier(self.pooler(streams)[1])
 
 
-class RevViTPreTrainedModel(PreTrainedModel):
+class RevViTPreTrainedModel(CheckedLoadingMixin, PreTrainedModel):
     config_class = RevViTConfig
     config: RevViTConfig
     base_model_prefix = "revvit"

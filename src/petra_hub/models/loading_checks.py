@@ -1,0 +1,56 @@
+"""Checks every petra_hub model family runs when it loads a saved model: a clear error for a missing or malformed
+config.json, and a warning naming the weights or statistics that hold NaN or infinity.
+
+One file for all families: `revnet/loading_checks.py` and `revvit/loading_checks.py` are links to this file, and
+each modeling file imports it relatively (`from .loading_checks import ...`). `save_pretrained` copies a modeling
+file's relative imports next to the checkpoint, so `trust_remote_code=True` users run the same checks without
+petra_hub: this file may import only the standard library, torch and transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+
+import torch
+
+
+class CheckedLoadingMixin:
+    """Put before `PreTrainedModel` in a model's bases: transformers' `from_pretrained` plus the checks above."""
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """transformers' `from_pretrained`, plus a warning naming any weight or statistic that holds NaN or
+        infinity (a checkpoint saved from a diverged run loads without error but predicts nothing useful)."""
+        folder = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+        if isinstance(folder, (str, os.PathLike)) and os.path.isdir(folder) and kwargs.get("config") is None:
+            check_config_file(os.path.join(folder, "config.json"), cls.__name__)
+        loaded = super().from_pretrained(*args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
+        bad = non_finite_tensors(model)
+        if bad:
+            shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+            warnings.warn(f"{cls.__name__}.from_pretrained: non-finite values (NaN or inf) in {shown}", stacklevel=2)
+        return loaded
+
+
+def non_finite_tensors(model: torch.nn.Module) -> list[str]:
+    """The names of the floating-point weights and buffers holding NaN or infinity (meta tensors have no values)."""
+    return [
+        name for name, tensor in model.state_dict().items()
+        if tensor.is_floating_point() and tensor.device.type != "meta" and not torch.isfinite(tensor).all()
+    ]
+
+
+def check_config_file(path: str, model_name: str = "model") -> None:
+    """A saved folder's config.json must exist and hold a JSON object (clear errors instead of transformers' own)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} does not exist: a saved {model_name} folder needs its config.json")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            content = json.load(handle)
+    except ValueError as error:
+        raise ValueError(f"{path} is not valid JSON ({error})") from None
+    if not isinstance(content, dict):
+        raise ValueError(f"{path} must hold a JSON object of configuration fields, got a {type(content).__name__}")

@@ -1,0 +1,1 @@
+../loading_checks.py
