@@ -135,3 +135,78 @@ def test_the_checks_travel_with_remote_code(family, tmp_path):
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if line.startswith(("MODULE", "WARN")))
     assert lines["MODULE"].startswith("transformers_modules")
     assert "classifier.weight" in lines["WARNINGS"] and inner in lines["WARNINGS"]
+
+
+# Folders and Hub ids with subfolder= --------------------------------------------------------------------------------
+
+
+def assert_same_weights(loaded: torch.nn.Module, reference: torch.nn.Module) -> None:
+    expected, actual = reference.state_dict(), loaded.state_dict()
+    assert actual.keys() == expected.keys()
+    assert all(torch.equal(actual[key], value) for key, value in expected.items())
+
+
+def test_a_model_in_a_subfolder_loads_and_is_checked(family, tmp_path):
+    """from_pretrained(root, subfolder=...) reads root/subfolder/config.json, as transformers does (it raised
+    FileNotFoundError for root/config.json)."""
+    _, model, inner = family
+    model.save_pretrained(tmp_path / "final")
+    assert_same_weights(type(model).from_pretrained(tmp_path, subfolder="final"), model)
+    assert_same_weights(type(model).from_pretrained(pretrained_model_name_or_path=tmp_path, subfolder="final"), model)
+    with pytest.raises(FileNotFoundError, match="needs its config.json") as raised:  # no model at the top
+        type(model).from_pretrained(tmp_path)
+    assert str(tmp_path / "config.json") in str(raised.value)
+
+    poison(model, inner)
+    model.save_pretrained(tmp_path / "final")
+    with pytest.warns(UserWarning, match=r"non-finite values .*classifier\.weight"):
+        type(model).from_pretrained(tmp_path, subfolder="final")
+    (tmp_path / "final" / "config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="must hold a JSON object") as raised:
+        type(model).from_pretrained(tmp_path, subfolder="final")
+    assert str(tmp_path / "final" / "config.json") in str(raised.value)
+    with pytest.raises(FileNotFoundError, match="needs its config.json"):
+        type(model).from_pretrained(tmp_path, subfolder="elsewhere")
+
+
+def build_hub_cache(cache: Path, repo_id: str, source: Path) -> None:
+    """Lay `source`'s files (subfolders included) out as the Hub cache does: blobs/<hash>, snapshots/<commit>/<path>
+    linking to its blob, refs/main naming the commit."""
+    import hashlib
+
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    commit = hashlib.sha1(repo_id.encode()).hexdigest()
+    (repo / "blobs").mkdir(parents=True)
+    for path in sorted(source.rglob("*")):
+        if path.is_file():
+            data = path.read_bytes()
+            blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+            blob.write_bytes(data)
+            link = repo / "snapshots" / commit / path.relative_to(source)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(os.path.relpath(blob, link.parent))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+
+
+def test_a_hub_id_loads_from_the_cache_offline_with_and_without_a_subfolder(family, tmp_path, monkeypatch):
+    """A Hub id is no local folder: the checks leave its resolution (cache, offline mode) to transformers."""
+    import huggingface_hub
+
+    assert huggingface_hub.constants.HF_HUB_OFFLINE  # conftest.py
+    _, model, _ = family
+    source = tmp_path / "repo"
+    model.save_pretrained(source)
+    model.save_pretrained(source / "final")
+    cache = tmp_path / "hub-cache"
+    build_hub_cache(cache, "user/reversible", source)
+    monkeypatch.chdir(tmp_path)  # no folder named user/reversible here
+    cls = type(model)
+    assert_same_weights(cls.from_pretrained("user/reversible", cache_dir=cache), model)
+    assert_same_weights(cls.from_pretrained("user/reversible", subfolder="final", cache_dir=cache), model)
+    assert_same_weights(cls.from_pretrained("user/reversible", subfolder="final", cache_dir=cache,
+                                            local_files_only=True), model)
+    with pytest.raises(OSError):
+        cls.from_pretrained("user/reversible", subfolder="missing", cache_dir=cache)
+    with pytest.raises(OSError):
+        cls.from_pretrained("user/not-cached", cache_dir=cache)

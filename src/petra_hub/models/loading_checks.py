@@ -23,9 +23,9 @@ class CheckedLoadingMixin:
     def from_pretrained(cls, *args, **kwargs):
         """transformers' `from_pretrained`, plus a warning naming any weight or statistic that holds NaN or
         infinity (a checkpoint saved from a diverged run loads without error but predicts nothing useful)."""
-        folder = args[0] if args else kwargs.get("pretrained_model_name_or_path")
-        if isinstance(folder, (str, os.PathLike)) and os.path.isdir(folder) and kwargs.get("config") is None:
-            check_config_file(os.path.join(folder, "config.json"), cls.__name__)
+        config_file = local_config_file(args[0] if args else kwargs.get("pretrained_model_name_or_path"), kwargs)
+        if config_file is not None:
+            check_config_file(config_file, cls.__name__)
         loaded = super().from_pretrained(*args, **kwargs)
         model = loaded[0] if isinstance(loaded, tuple) else loaded
         bad = non_finite_tensors(model)
@@ -41,6 +41,18 @@ def non_finite_tensors(model: torch.nn.Module) -> list[str]:
         name for name, tensor in model.state_dict().items()
         if tensor.is_floating_point() and tensor.device.type != "meta" and not torch.isfinite(tensor).all()
     ]
+
+
+def local_config_file(source, kwargs: dict) -> str | None:
+    """The config.json `from_pretrained(source, **kwargs)` reads when it reads one from a local folder: `source` is
+    a folder when os.path.isdir says so (transformers' own test), and the file lies in its `subfolder`. None when
+    `config` is given, for a GGUF file (its metadata is the configuration), and for a Hub id, which transformers
+    resolves (local cache, download, offline mode) and reports on itself."""
+    if kwargs.get("config") is not None or kwargs.get("gguf_file") or not isinstance(source, (str, os.PathLike)):
+        return None
+    if not os.path.isdir(source):
+        return None
+    return os.path.join(source, kwargs.get("subfolder") or "", "config.json")
 
 
 def check_config_file(path: str, model_name: str = "model") -> None:
