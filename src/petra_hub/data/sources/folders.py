@@ -2,9 +2,24 @@
 
 Classes are indexed by the sorted names of the ``train/`` sub-folders (of the evaluation
 folder when there is no ``train/``); the evaluation folder is the first of ``val/``,
-``validation/``, ``test/`` that exists.  Images are found recursively (sorted, links
-followed) by extension, decoded with PIL and converted to RGB; an image that cannot be
-decoded (e.g. a truncated JPEG) is a ValueError naming its path.
+``validation/``, ``test/`` that exists.  Images are found recursively by extension (in
+``os.walk``'s order: a folder's files, sorted, then its sub-folders, sorted, depth first),
+decoded with PIL and converted to RGB; an image that cannot be decoded (e.g. a truncated
+JPEG) is a ValueError naming its path.
+
+Links are followed (data sets are often linked in: a class folder, or part of one, may be a
+link to a folder elsewhere), and each folder is read once: folders are told apart by
+``(st_dev, st_ino)``, so a folder reached twice within one class (two links to it, or a
+link to a sibling folder) is listed once, under the path it was first reached by.  Two
+layouts are ValueErrors naming the link, rather than read in a way that cannot be right:
+
+- a link to a folder it is in (``cat/up -> ..``, ``cat/a -> .``, or a loop through a folder
+  linked in from elsewhere): a cycle, which would list the same images over and over (and,
+  through ``..``, the other classes' images under this class);
+- a folder reached from two classes (``cat/dogs -> ../dog``, or a class folder that links
+  to another's): its images would have two labels.
+
+Each split is scanned on its own: ``train/`` and ``val/`` may link to the same folders.
 """
 
 from __future__ import annotations
@@ -24,6 +39,58 @@ if TYPE_CHECKING:
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".pgm", ".bmp", ".tif", ".tiff", ".webp")
 
 
+def _links_to_a_folder_it_is_in(path: str) -> bool:
+    """True when ``path`` is a link whose target holds the link itself (``..``, ``.``, ``/``)."""
+    if not os.path.islink(path):
+        return False
+    target = os.path.realpath(path)
+    here = os.path.realpath(os.path.dirname(path))
+    return here == target or here.startswith(target.rstrip(os.sep) + os.sep)
+
+
+def _images_under(top: str, cls: str, seen: dict[tuple[int, int], tuple[str, str]]) -> list[str]:
+    """Image paths under the class folder ``top`` (in ``os.walk``'s order), links followed,
+    each folder read once; ``seen`` maps each folder read so far to (its class, its path).
+    Folders that cannot be listed are skipped, as ``os.walk`` does."""
+    found = []
+    stack: list[tuple[str, tuple[tuple[int, int], ...]]] = [(top, ())]  # (folder, the folders it is reached through)
+    while stack:
+        path, chain = stack.pop()
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        key = (st.st_dev, st.st_ino)
+        if key in chain or _links_to_a_folder_it_is_in(path):
+            what = "a link to" if os.path.islink(path) else "the same folder as"
+            raise ValueError(f"{path}: {what} {os.path.realpath(path)}, a folder it is in (a cycle: its images "
+                             "would be listed over and over); remove the link, or link to a folder outside it")
+        if key in seen:
+            first_cls, first = seen[key]
+            if first_cls != cls:
+                raise ValueError(f"{path} and {first} are the same folder (through a link), under classes "
+                                 f"{first_cls!r} and {cls!r}: its images would have two labels")
+            continue  # already listed, under its first path
+        seen[key] = (cls, path)
+        try:
+            with os.scandir(path) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue
+        subfolders = []
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()  # follows links
+            except OSError:
+                is_dir = False
+            if is_dir:
+                subfolders.append(entry.path)
+            elif entry.name.lower().endswith(IMAGE_EXTENSIONS):
+                found.append(entry.path)
+        stack.extend((sub, chain + (key,)) for sub in reversed(subfolders))
+    return found
+
+
 def scan_split_folder(root: str, class_to_idx: dict[str, int]) -> tuple[list[str], list[int]]:
     """Image paths under ``root/<class>/`` and their class indices."""
     classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
@@ -31,13 +98,11 @@ def scan_split_folder(root: str, class_to_idx: dict[str, int]) -> tuple[list[str
     if unknown:
         raise ValueError(f"{root}: class folders {unknown[:5]} do not exist in train/")
     files, labels = [], []
+    seen: dict[tuple[int, int], tuple[str, str]] = {}
     for c in classes:
-        for dirpath, dirnames, filenames in os.walk(os.path.join(root, c), followlinks=True):
-            dirnames.sort()
-            for f in sorted(filenames):
-                if f.lower().endswith(IMAGE_EXTENSIONS):
-                    files.append(os.path.join(dirpath, f))
-                    labels.append(class_to_idx[c])
+        found = _images_under(os.path.join(root, c), c, seen)
+        files += found
+        labels += [class_to_idx[c]] * len(found)
     if not files:
         raise FileNotFoundError(
             f"no images in {root!r}: expected image-folder layout <split>/<class_name>/<image> "
