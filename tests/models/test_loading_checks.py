@@ -4,9 +4,6 @@ them, a bad config.json is an error naming the file, and the checks travel with 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import textwrap
 import warnings
 from pathlib import Path
 
@@ -16,6 +13,7 @@ import torch
 import petra_hub.models.loading_checks as shared
 from petra_hub import RevNetForImageClassification, RevViTForImageClassification, RevViTModel
 from petra_hub.testing.models import small_model, small_revvit
+from petra_hub.testing.remote_code import run_without_petra_hub
 
 FAMILIES = {
     "revnet": (lambda: small_model("revnet18", dtype=torch.float32), "revnet.embedder.layers.1.running_var"),
@@ -90,21 +88,9 @@ def test_a_bad_config_file_is_an_error_naming_it(family, tmp_path, damage, error
         assert type(type(model).from_pretrained(tmp_path, config=model.config)) is type(model)
 
 
-REMOTE_NAN_SCRIPT = textwrap.dedent(
-    """
-    import importlib.abc
-    import sys
+REMOTE_NAN_SCRIPT = """
     import warnings
 
-
-    class NoPetraHub(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name == "petra_hub" or name.startswith("petra_hub."):
-                raise ImportError(f"{name} is blocked in this process")
-            return None
-
-
-    sys.meta_path.insert(0, NoPetraHub())
     from transformers import AutoModelForImageClassification
 
     with warnings.catch_warnings(record=True) as caught:
@@ -112,8 +98,7 @@ REMOTE_NAN_SCRIPT = textwrap.dedent(
         model = AutoModelForImageClassification.from_pretrained(sys.argv[1], trust_remote_code=True)
     print("MODULE", type(model).__module__)
     print("WARNINGS", [str(warning.message) for warning in caught if "non-finite" in str(warning.message)])
-    """
-)
+"""
 
 
 def test_the_checks_travel_with_remote_code(family, tmp_path):
@@ -125,12 +110,7 @@ def test_the_checks_travel_with_remote_code(family, tmp_path):
     copied = folder / "loading_checks.py"
     assert copied.is_file() and not copied.is_symlink()
     assert copied.read_text() == Path(shared.__file__).read_text()
-    (tmp_path / "load.py").write_text(REMOTE_NAN_SCRIPT)
-    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PYTHONSTARTUP")}
-    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"), OMP_NUM_THREADS="1",
-               TRANSFORMERS_VERBOSITY="error")
-    result = subprocess.run([sys.executable, str(tmp_path / "load.py"), str(folder)], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = run_without_petra_hub(REMOTE_NAN_SCRIPT, [str(folder)], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if line.startswith(("MODULE", "WARN")))
     assert lines["MODULE"].startswith("transformers_modules")

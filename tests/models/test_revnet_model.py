@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -20,6 +17,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForImageClassification
 from petra_hub import RevNetConfig, RevNetForImageClassification, RevNetModel
 from petra_hub.models.revnet import RevNetHead, RevNetStem
 from petra_hub.testing.models import PAPER_LAYOUTS, random_images, small_config, small_model
+from petra_hub.testing.remote_code import run_without_petra_hub
 
 PRESETS = ["revnet18", "revnet34", "revnet50", "revnet101"]
 # Table of the paper (ImageNet, 1000 classes), in millions of parameters.
@@ -192,21 +190,7 @@ def test_auto_classes_load_the_saved_folder(saved):
 
 # 4. trust_remote_code without petra_hub ---------------------------------------------------------------------------
 
-REMOTE_SCRIPT = textwrap.dedent(
-    """
-    import importlib.abc
-    import sys
-
-
-    class NoPetraHub(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name == "petra_hub" or name.startswith("petra_hub."):
-                raise ImportError(f"{name} is blocked in this process")
-            return None
-
-
-    sys.meta_path.insert(0, NoPetraHub())
-    sys.modules.pop("petra_hub", None)
+REMOTE_SCRIPT = """
     try:
         import petra_hub  # noqa: F401
     except ImportError:
@@ -226,8 +210,7 @@ REMOTE_SCRIPT = textwrap.dedent(
     loaded = sorted(name for name in sys.modules if name.split(".")[0] == "petra_hub")
     print("CLASS", type(model).__module__, type(model).__name__, type(model.config).__module__)
     print("PETRA_HUB_MODULES", loaded)
-    """
-)
+"""
 
 
 def test_trust_remote_code_loads_without_petra_hub(saved, tmp_path):
@@ -243,23 +226,8 @@ def test_trust_remote_code_loads_without_petra_hub(saved, tmp_path):
     assert "petra_hub" not in source.replace('"""', "").split("from __future__")[1]
 
     torch.save(images, tmp_path / "inputs.pt")
-    script = tmp_path / "load_remote.py"
-    script.write_text(REMOTE_SCRIPT)
-    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PYTHONSTARTUP")}
-    env.update(
-        HF_HUB_OFFLINE="1",
-        HF_MODULES_CACHE=str(tmp_path / "modules"),
-        OMP_NUM_THREADS="1",
-        TRANSFORMERS_VERBOSITY="error",
-    )
-    result = subprocess.run(
-        [sys.executable, str(script), str(folder), str(tmp_path / "inputs.pt"), str(tmp_path / "logits.pt")],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_without_petra_hub(REMOTE_SCRIPT, [str(folder), str(tmp_path / "inputs.pt"),
+                                                   str(tmp_path / "logits.pt")], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if line.startswith(("CLASS", "PETRA")))
     module, name, config_module = lines["CLASS"].split()

@@ -12,6 +12,7 @@ from petra_hub.engine import Mode, Pipeline, stage_layout
 from petra_hub.models.revvit import PRESETS
 from petra_hub.testing.models import small_revvit
 from petra_hub.testing.ranks import run_ranks
+from petra_hub.testing.remote_code import run_without_petra_hub
 from petra_hub.testing.stage_contract import ReversibleStageContract, relative_error, reversible_stage_cases
 from tests.engine.test_pipeline import assert_frozen_weights_give_the_backprop_gradient
 
@@ -128,10 +129,6 @@ def test_bad_configs_and_inputs_are_clear_errors():
 
 
 def test_trust_remote_code_loads_without_petra_hub(tmp_path):
-    import os
-    import subprocess
-    import sys
-
     from tests.models.test_revnet_model import REMOTE_SCRIPT
 
     model = small_revvit("revvit-tiny").eval()
@@ -141,13 +138,8 @@ def test_trust_remote_code_loads_without_petra_hub(tmp_path):
     with torch.no_grad():
         logits = model(x).logits
     torch.save(x, tmp_path / "inputs.pt")
-    (tmp_path / "load_remote.py").write_text(REMOTE_SCRIPT)
-    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PYTHONSTARTUP")}
-    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"), OMP_NUM_THREADS="1",
-               TRANSFORMERS_VERBOSITY="error")
-    result = subprocess.run([sys.executable, str(tmp_path / "load_remote.py"), str(folder), str(tmp_path / "inputs.pt"),
-                             str(tmp_path / "logits.pt")], cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=120)
+    result = run_without_petra_hub(REMOTE_SCRIPT, [str(folder), str(tmp_path / "inputs.pt"),
+                                                   str(tmp_path / "logits.pt")], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if line.startswith(("CLASS", "PETRA")))
     module, name, config_module = lines["CLASS"].split()
