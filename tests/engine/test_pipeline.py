@@ -324,6 +324,10 @@ def test_schedule_timing_matches_the_paper():
             assert schedule.backward_tick(b, i) == b + 2 * 3 - i
     assert schedule.table(2)[3][3] == "F0 B0"  # the head does forward and backward in one tick
     assert schedule.table(2)[0] == ["F0", "F1", ".", ".", ".", ".", "B0", "B1"]
+    lines = schedule.grid(2).splitlines()
+    assert lines[0].split() == ["tick", *map(str, range(8))] and len(lines) == 1 + 4
+    assert lines[1].split()[2:] == ["F0", "F1", ".", ".", ".", ".", "B0", "B1"]
+    assert lines[1].index("B0") == lines[0].index("6") and lines[2].index("B0") == lines[0].index("5")  # aligned
     synchronous = Schedule(num_stages=3, pipelined=False)
     assert [synchronous.forward_tick(1, i) for i in range(3)] == [5, 6, 7]
     assert synchronous.backward_tick(0, 0) < synchronous.forward_tick(1, 0)

@@ -78,3 +78,11 @@ class Schedule:
                 row.append(" ".join(cell) or ".")
             rows.append(row)
         return rows
+
+    def grid(self, num_micro_batches: int) -> str:
+        """`table` as text: one line per stage, aligned columns (`print(schedule.grid(4))`)."""
+        rows = self.table(num_micro_batches)
+        width = max(len(cell) for row in rows for cell in row)
+        header = "tick     " + " ".join(f"{tick:<{width}}" for tick in range(len(rows[0])))
+        lines = [f"stage {stage:<2} " + " ".join(f"{cell:<{width}}" for cell in row) for stage, row in enumerate(rows)]
+        return "\n".join(line.rstrip() for line in [header, *lines])
