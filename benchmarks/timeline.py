@@ -162,7 +162,7 @@ def busy_fraction(events: list[dict]) -> dict[int, float]:
 
 def main(argv=None) -> dict:
     from petra_hub.engine.trace import Event
-    from petra_hub.plots import plot_timeline, plot_timelines
+    from petra_hub.plots import plot_timelines
 
     settings = parse_args(argv)
     progress(f"2 processes, RevNet18 width {settings.width}, micro-batch {settings.batch}, "
@@ -181,17 +181,20 @@ def main(argv=None) -> dict:
             panels[title] = events
         if mode in TORCH_METHODS:
             torch_panels[title] = events
-        png = plot_timeline(events, images / f"timeline-{mode}.png",
-                            title=f"{title}: {settings.micro_batches} micro-batches on 2 processes")
+        titled = f"{title}: {settings.micro_batches} micro-batches on 2 processes"
+        png = plot_timelines({titled: events}, images / f"timeline-{mode}.png",
+                             {titled: sum(partition)} if mode in TORCH_METHODS else None)
         traces = images if settings.quick else out.parent  # quick runs leave nothing in benchmarks/results
         chrome = write_chrome_trace(events, traces / f"{out.stem}-{mode}.trace.json")
         busy = busy_fraction(traced[mode])
         summary[mode] = {"busy_fraction": busy, "png": str(png), "chrome_trace": str(chrome)}
         progress(f"{mode}: busy fraction per rank {', '.join(f'{b:.2f}' for b in busy.values())}; {png}")
-    comparison = plot_timelines(panels, images / "timeline-comparison.png")
-    schedules = plot_timelines(torch_panels, images / "timeline-torch.png")
-    simulated = plot_timelines(simulated_beside_measured(traced, costs, partition, settings.micro_batches),
-                               images / "timeline-simulated.png")
+    chunked = {title: sum(partition) for title in TORCH_METHODS.values()}  # torch records a chunk's first stage
+    comparison = plot_timelines(panels, images / "timeline-comparison.png", chunked)
+    schedules = plot_timelines(torch_panels, images / "timeline-torch.png", chunked)
+    beside = simulated_beside_measured(traced, costs, partition, settings.micro_batches)
+    simulated = plot_timelines(beside, images / "timeline-simulated.png",
+                               {title: sum(partition) for title in beside if "1F1B" in title})
     progress(f"side by side: {comparison}, {schedules}, {simulated}")
     settings.partition = partition
     return write_results(out, "timeline", "timeline.py", argv,

@@ -17,9 +17,12 @@ def plot_timeline(events: list[Event], path: str | Path, title: str = "PETRA sch
     return plot_timelines({title: events}, path)
 
 
-def plot_timelines(runs: dict[str, list[Event]], path: str | Path) -> Path:
-    """Several traced runs, one panel each (titled by its key), on one time scale so that their lengths compare."""
+def plot_timelines(runs: dict[str, list[Event]], path: str | Path, chunked: dict[str, int] | None = None) -> Path:
+    """Several traced runs, one panel each (titled by its key), on one time scale so that their lengths compare.
+    `chunked`: {title: J} for the runs whose events name the first stage of a chunk of the J stages (torch's
+    schedules): their rows are labelled with the chunk's stages, each chunk running up to the next one's first."""
     plt = pyplot()
+    chunked = chunked or {}
     rows = {title: sorted({(e.rank, e.stage) for e in events}, key=lambda row: (row[0], row[1] == EXCHANGE, row[1]))
             for title, events in runs.items()}
     heights = [0.45 * len(r) + 0.9 for r in rows.values()]
@@ -39,9 +42,19 @@ def plot_timelines(runs: dict[str, list[Event]], path: str | Path) -> Path:
                 axes.barh(0, 0, color=colour, label=kind)  # one legend entry per kind, in the figure's legend
                 drawn.add(kind)
         axes.set_yticks(range(len(rows[title])))
-        axes.set_yticklabels([f"rank {r}, " + ("exchange" if s == EXCHANGE else f"stage {s}") for r, s in rows[title]])
+        names = _chunk_names(events, chunked[title]) if title in chunked else {}
+        axes.set_yticklabels([f"rank {r}, " + ("exchange" if s == EXCHANGE else names.get(s, f"stage {s}"))
+                              for r, s in rows[title]])
         axes.invert_yaxis()
         axes.set_title(title)
     panels[-1, 0].set_xlabel("milliseconds")
     figure.legend(loc="lower center", ncol=len(COLOURS), frameon=False)
     return save(figure, path, rect=(0, 0.35 / height, 1, 1))
+
+
+def _chunk_names(events: list[Event], num_stages: int) -> dict[int, str]:
+    """{a chunk's first stage: "stages a-b"}, each chunk ending where the next one starts."""
+    firsts = sorted({e.stage for e in events if e.stage != EXCHANGE})
+    ends = [*firsts[1:], num_stages]
+    return {first: f"stages {first}-{end - 1}" if end - first > 1 else f"stage {first}"
+            for first, end in zip(firsts, ends)}
