@@ -69,10 +69,19 @@ def test_card_metadata_and_body_round_trip(tmp_path):
     for needle in (architecture, "`petra`", "Pipeline stages (J) | 10", "Accumulation steps (k) | 4", "Processes | 10",
                    "RevNet-18", "revnet18", "91.37 %", "12,211,048", "8x H100 (NCCL)", "| stem | cifar |",
                    f"| warm-up | {NOT_RECORDED} |", f'from_pretrained("{REPO_ID}")', "trust_remote_code=True",
-                   'pipeline("image-classification"', "pip install petra_hub", "@inproceedings{rivaud2025petra",
+                   'pipeline("image-classification"', "@inproceedings{rivaud2025petra",
                    "Parallel End-to-end Training with Reversible Architectures", "2406.02052"):
         assert needle in body, needle
     assert "None" not in card.content
+
+
+def test_the_card_says_how_to_get_petra_hub_without_pypi():
+    """petra_hub is not on PyPI: the card points at its source, never at `pip install petra_hub`; the
+    trust_remote_code route needs no install."""
+    body = render_model_card(full_summary()).text
+    assert "pip install petra_hub" not in body and "pip install petra-hub" not in body
+    assert "petra_hub is not published on PyPI" in body and "`pip install -e .`" in body
+    assert "Without petra_hub (nothing to install beyond transformers and torch)" in body
 
 
 def test_card_without_evaluation_has_no_model_index(tmp_path):
