@@ -190,6 +190,22 @@ def test_a_revvit_card_names_its_family_everywhere(tmp_path):
 # what a published card needs: every metric, the run's settings and results, a how-to per data set
 
 
+def test_a_revvit_card_with_grouped_stages_agrees_with_itself():
+    """recipes/configs/digits_revvit_tiny_petra.yaml groups a RevViT-Ti into petra_num_stages=4: the card's J is 4
+    everywhere (no "J = depth + 2"), and the mode's words fit any reversible network (no RevNet stem)."""
+    from petra_hub import RevViTConfig
+
+    config = RevViTConfig.from_preset("revvit-tiny", image_size=16, patch_size=4, num_labels=10)
+    summary = full_summary(model_name="revvit-tiny-digits-petra", preset="revvit-tiny", dataset="digits",
+                           dataset_id=None, num_stages=4, buffered_stages=2, num_parameters=None)
+    text = render_model_card(summary, config=config).text
+    assert "| Pipeline stages (J) | 4 |" in text
+    assert "depth + 2" not in text and "(4 in this run:" in text
+    assert "the stem" not in text and "shape-changing" not in text
+    assert "the stages that are not reversible keep their inputs" in Mode.PETRA.description
+    assert "The patch embedding and the head (2 of this run's 4 pipeline stages) are not reversible" in text
+
+
 def test_learning_rate_zero_is_a_valid_summary():
     assert "| Learning rate | 0 |" in render_model_card(full_summary(learning_rate=0)).text
     assert "| Learning rate | 0 |" in render_model_card(full_summary(learning_rate=0.0)).text

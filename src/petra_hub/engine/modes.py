@@ -109,7 +109,7 @@ _DESCRIPTIONS = {
     Mode.WEIGHT_STASH: "pipelined with delayed gradients; reversible stages recompute their inputs by inversion and "
     "the weights of the forward pass are stashed for the backward pass.",
     Mode.PETRA: "the PETRA method: pipelined with delayed gradients; reversible stages recompute their inputs by "
-    "inversion with their current weights, so they keep neither activations nor weight copies (the stem, the "
-    "shape-changing blocks and the head keep their inputs).",
+    "inversion with their current weights, so they keep neither activations nor weight copies; the stages that are "
+    "not reversible keep their inputs.",
 }
 assert set(_POLICIES) == set(_DESCRIPTIONS) == set(Mode), "every mode needs a policy and a description"
