@@ -316,3 +316,12 @@ def test_input_convention_and_limitations():
     custom = render_model_card(full_summary(dataset="my-photos", dataset_id=None, image_size=24,
                                             image_mean=(0.5, 0.5, 0.5), image_std=(0.25, 0.25, 0.25))).text
     assert "3x24x24 images, rescaled to [0, 1] and normalised with mean (0.5, 0.5, 0.5) and std (0.25" in custom
+    # a petra_hub set: its image processor's convention (data.image_processor_for), resize or resize and crop
+    imagenet = render_model_card(full_summary(dataset="imagenet", dataset_id=None)).text
+    assert ("| Input | 3x224x224 images (an image's shorter side resized to 256, then its centred 224x224 cropped), "
+            "rescaled to [0, 1] and normalised with mean (0.485, 0.456, 0.406) and std (0.229, 0.224, 0.225) |"
+            ) in imagenet
+    assert "| Input | 3x32x32 images (any image resized to 32x32), rescaled" in cifar
+    cropped = render_model_card(full_summary(dataset="my-photos", dataset_id=None, image_size=24, image_resize=32,
+                                             image_center_crop=True, image_mean=(0.5,) * 3, image_std=(0.25,) * 3))
+    assert "3x24x24 images (an image's shorter side resized to 32, then its centred 24x24 cropped)" in cropped.text

@@ -16,6 +16,7 @@ from huggingface_hub import ModelCard
 
 from petra_hub import RevNetForImageClassification
 from petra_hub.data import collate_image_batch, image_processor_for, load_image_dataset, take
+from petra_hub.integrations.model_card import render_model_card
 from petra_hub.integrations.model_card_text import FRAMEWORKS
 from petra_hub.testing.models import small_config
 from petra_hub.training import PetraTrainer, PetraTrainingArguments
@@ -91,7 +92,8 @@ def test_digits_card_states_the_run(digits_run):
     for name, value in rows.items():
         assert f"| {name} | {value} |" in text, name
     # input convention from the registry, class names from the model's config
-    assert "3x16x16 images, rescaled to [0, 1] and normalised with mean (0.3054, 0.3054, 0.3054)" in text
+    assert ("3x16x16 images (any image resized to 16x16), rescaled to [0, 1] and normalised with mean (0.3054, "
+            "0.3054, 0.3054)") in text
     assert "white digits on a black background" in text and "upscaled to 16x16" in text
     assert "| Classes | 10: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9 |" in text
     # the stem, 3 downsampling blocks and the head of RevNet-18 store their inputs
@@ -201,13 +203,43 @@ def hf_trainer(tmp_path, train, evaluation, processor=None, **overrides) -> Petr
                         processing_class=processor, compute_metrics=metrics_with_f1)
 
 
-def test_a_datasets_dataset_gets_a_card(tmp_path):
+def class_label_sets(**splits) -> tuple:
+    """(train, test): `datasets` sets of random 3x16x16 pixel values with ClassLabel labels cat, dog, owl."""
     features = datasets.Features({
         "pixel_values": datasets.Array3D((3, 16, 16), "float32"),
         "labels": datasets.ClassLabel(names=["cat", "dog", "owl"]),
     })
-    train = datasets.Dataset.from_dict(tensor_items(16), features=features).with_format("torch")
-    test = datasets.Dataset.from_dict(tensor_items(8, seed=1), features=features).with_format("torch")
+    train = datasets.Dataset.from_dict(tensor_items(16), features=features, split=splits.get("train"))
+    test = datasets.Dataset.from_dict(tensor_items(8, seed=1), features=features, split=splits.get("test"))
+    return train.with_format("torch"), test.with_format("torch")
+
+
+def rendered_card(trainer, **card_kwargs) -> str:
+    """The card text `trainer` would write, without writing it."""
+    summary = summarize_trainer(trainer, trainer.args.output_dir, **card_kwargs)
+    return render_model_card(summary, config=trainer.model.config).text
+
+
+@pytest.mark.parametrize("shorter_side, expected", [
+    (None, "3x16x16 images (any image resized to 16x16), rescaled to [0, 1] and normalised with mean (0.3054, "
+           "0.3054, 0.3054) and std (0.319, 0.319, 0.319)"),
+    (20, "3x16x16 images (an image's shorter side resized to 20, then its centred 16x16 cropped), rescaled to [0, 1] "
+         "and normalised with mean (0.3054, 0.3054, 0.3054) and std (0.319, 0.319, 0.319)"),
+])
+def test_the_input_line_follows_the_image_processor(tmp_path, shorter_side, expected):
+    """Both processor kinds petra_hub saves: ViTImageProcessor (size height = width = S) and BitImageProcessor
+    (size shortest_edge S, crop_size C x C: every recipe `datasets` set and ImageNet)."""
+    processor = image_processor_for(load_image_dataset("digits", "test").info, shorter_side)
+    text = rendered_card(hf_trainer(tmp_path, *class_label_sets(), processor))
+    assert f"| Input | {expected} |" in text
+    processor.crop_size = {"height": 16, "width": 12}  # not a square: the card does not guess
+    if shorter_side is not None:
+        assert "| Input | RGB images (see `preprocessor_config.json`) |" in rendered_card(
+            hf_trainer(tmp_path, *class_label_sets(), processor))
+
+
+def test_a_datasets_dataset_gets_a_card(tmp_path):
+    train, test = class_label_sets()
     processor = image_processor_for(load_image_dataset("digits", "test").info)
     trainer = hf_trainer(tmp_path, train, test, processor)
     trainer.train()
@@ -217,7 +249,7 @@ def test_a_datasets_dataset_gets_a_card(tmp_path):
     text = card.text
     assert f"Trained on {CUSTOM_DATASET} in mode `petra`" in text
     assert "| Classes | 3: cat, dog, owl |" in text  # the data's names: the config only has LABEL_i
-    assert "3x16x16 images, rescaled to [0, 1] and normalised with mean (0.3054" in text  # from the processor
+    assert "3x16x16 images (any image resized to 16x16), rescaled to [0, 1] and normalised with mean (0.3054" in text
     assert "white digits" not in text
     assert 'Image.open("path/to/image.png")  # placeholder' in text and "is a placeholder" in text
     assert "were not reproduced here beyond this model's own evaluation above" in text

@@ -74,6 +74,8 @@ class TrainingSummary:
     image_size: int | None = None  # input convention of a data set petra_hub does not know (its image processor)
     image_mean: tuple | None = None
     image_std: tuple | None = None
+    image_resize: int | None = None  # the processor resizes an image to image_resize x image_resize, or with
+    image_center_crop: bool = False  # image_center_crop its shorter side to image_resize, then crops image_size
     image_column: str | None = None  # where the how-to finds an image and its label in a Hub data set
     label_column: str | None = None
     example_split: str | None = None
@@ -109,7 +111,7 @@ class TrainingSummary:
                 "(give 0.93, not 93)"
             )
         for name in ("num_stages", "accumulation_steps", "num_processes", "micro_batch_size", "num_parameters",
-                     "image_size"):
+                     "image_size", "image_resize"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"TrainingSummary.{name} must be a positive integer or None, got {value!r}")
@@ -261,7 +263,9 @@ def _template_variables(summary: TrainingSummary, repo_id: str | None, config=No
         "architecture_name": architecture_name,
         "architecture": architecture,
         "num_parameters": words.parameters_text(summary.num_parameters),
-        "input_description": words.input_text(spec, summary.image_size, summary.image_mean, summary.image_std),
+        "input_description": words.input_text(spec, summary.image_size, summary.image_mean, summary.image_std,
+                                              image_resize=summary.image_resize,
+                                              image_center_crop=summary.image_center_crop),
         "num_labels": words.labels_text(label_names, num_labels),
         "task": summary.tasks[0] if summary.tasks else DEFAULT_TASK,
         "mode": mode.value,

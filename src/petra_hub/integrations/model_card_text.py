@@ -167,16 +167,28 @@ def input_text(
     image_mean: Sequence[float] | None = None,
     image_std: Sequence[float] | None = None,
     num_channels: int | None = None,
+    image_resize: int | None = None,
+    image_center_crop: bool = False,
 ) -> str:
     """What the model expects: the given values (those of the saved image processor) when there are some, else the
-    registry's for a petra_hub data set."""
+    registry's for a petra_hub data set (whose processor, ``data.image_processor_for``, prepares images as its
+    evaluation does). `image_resize`: the side the processor resizes an image to, the whole image (S x S) or, with
+    `image_center_crop`, its shorter side before the centred `image_size` square is cropped."""
     if spec is not None and image_size is None:
         info = spec.info
         image_size, image_mean, image_std, num_channels = info.image_size, info.mean, info.std, info.num_channels
+        image_resize, image_center_crop = spec.eval_shorter_side or info.image_size, bool(spec.eval_shorter_side)
     if image_size is None or image_mean is None or image_std is None:
         return "RGB images (see `preprocessor_config.json`)"
     shape = f"{num_channels or 3}x{image_size}x{image_size}"
-    line = (f"{shape} images, rescaled to [0, 1] and normalised with mean ({_numbers(image_mean)}) and std "
+    if image_resize and image_center_crop:
+        shape += (f" images (an image's shorter side resized to {image_resize}, then its centred "
+                  f"{image_size}x{image_size} cropped)")
+    elif image_resize:
+        shape += f" images (any image resized to {image_resize}x{image_resize})"
+    else:
+        shape += " images"
+    line = (f"{shape}, rescaled to [0, 1] and normalised with mean ({_numbers(image_mean)}) and std "
             f"({_numbers(image_std)})")
     if is_sklearn_digits(spec):
         line += (f"; the images are white digits on a black background (scikit-learn's 8x8 `load_digits()` images, "

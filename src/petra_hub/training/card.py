@@ -264,14 +264,35 @@ def final_metrics(trainer) -> dict:
     return {}
 
 
+def _per_channel(values) -> tuple | None:
+    if values is None:
+        return None
+    return tuple(values) if isinstance(values, (list, tuple)) else (values,) * 3
+
+
 def _processor_convention(processor) -> dict:
-    """image_size / image_mean / image_std of an image processor with a square size."""
+    """The input convention of an image processor that gives the model squares: resize to S x S
+    (``size={"height": S, "width": S}``, as ViTImageProcessor), or the shorter side to S, then the centred C x C crop
+    (``size={"shortest_edge": S}``, ``crop_size={"height": C, "width": C}``, as BitImageProcessor); {} for any other
+    (the card then points at ``preprocessor_config.json``)."""
     size = getattr(processor, "size", None) or {}
-    side = size.get("height") if size.get("height") == size.get("width") else size.get("shortest_edge")
-    mean, std = getattr(processor, "image_mean", None), getattr(processor, "image_std", None)
-    if not isinstance(side, int) or mean is None or std is None:
+    crop = getattr(processor, "crop_size", None) or {}
+    mean = _per_channel(getattr(processor, "image_mean", None))
+    std = _per_channel(getattr(processor, "image_std", None))
+    if mean is None or std is None or not getattr(processor, "do_resize", True):
         return {}
-    return {"image_size": side, "image_mean": tuple(mean), "image_std": tuple(std)}
+    if getattr(processor, "do_center_crop", False):
+        side, resize, center_crop = crop.get("height"), size.get("shortest_edge"), True
+        if side != crop.get("width"):
+            return {}
+    else:
+        side, resize, center_crop = size.get("height"), size.get("height"), False
+        if side != size.get("width"):
+            return {}
+    if not all(isinstance(value, int) and not isinstance(value, bool) for value in (side, resize)):
+        return {}
+    return {"image_size": side, "image_mean": mean, "image_std": std, "image_resize": resize,
+            "image_center_crop": center_crop}
 
 
 def _label_names(config, facts: DataFacts) -> list | None:
