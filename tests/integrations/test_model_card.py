@@ -98,6 +98,17 @@ def test_card_without_evaluation_has_no_model_index(tmp_path):
     assert "`backprop`" in loaded.text and "Pipeline stages (J) | not recorded" in loaded.text
 
 
+def test_a_summary_refuses_every_accuracy_given_as_a_percentage():
+    for overrides in ({"eval_accuracy": 97.5}, {"eval_metrics": {"eval_top_5_accuracy": 99.0}},
+                      {"results": [{"epoch": 1, "step": 4, "eval_accuracy": 97.5}]}):
+        with pytest.raises(ValueError, match=r"fraction in \[0, 1\]|fractions in \[0, 1\]"):
+            full_summary(**overrides).validate()
+    with pytest.raises(ValueError, match=r"eval_metrics\['accuracy'\] = 97.5: a card reports accuracies as "
+                                         r"fractions in \[0, 1\] \(give 0.975, not 97.5\)"):
+        render_model_card(full_summary(eval_accuracy=None, eval_metrics={"accuracy": 97.5}))
+    full_summary(eval_metrics={"f1": 91.0, "top_5_accuracy": 0.99}).validate()  # only accuracies are fractions
+
+
 def test_card_rejects_inconsistent_summaries():
     with pytest.raises(ValueError, match="fraction"):
         render_model_card(full_summary(eval_accuracy=91.4))

@@ -179,6 +179,32 @@ def test_the_card_names_the_delay_remedies(tmp_path):
     assert "Delay-aware warm-up (petra_delay_lr_warmup) | 0.25 |" in text
 
 
+def percent_metrics(prediction):
+    predicted = np.argmax(prediction.predictions, -1)
+    return {"accuracy": 97.5, "top_2_accuracy": 0.5, "f1": float((predicted == prediction.label_ids).mean())}
+
+
+def test_an_accuracy_given_as_a_percentage_is_refused_everywhere_in_the_card(tmp_path):
+    """compute_metrics returning 97.5 for an accuracy: the card publishes it neither in model-index nor in its tables
+    (it does not guess the convention), says so under the Evaluation table and warns; the model is still saved."""
+    trainer = make_trainer(tmp_path, max_steps=4, eval_strategy="steps", eval_steps=2)
+    trainer.compute_metrics = percent_metrics
+    trainer.train()
+    trainer.evaluate()
+    with pytest.warns(UserWarning, match=r"`accuracy` = 97.5: a card reports accuracies as fractions in \[0, 1\] "
+                                         r"\(give 0.975, not 97.5\)"):
+        trainer.save_model(str(tmp_path / "saved"))
+    card = load_card(tmp_path / "saved")
+    published = {result.metric_type: result.metric_value for result in card.data.eval_results}
+    assert "accuracy" not in published and published["top_2_accuracy"] == 0.5
+    assert "97.5" not in card.content.split("## Evaluation")[0]  # neither model-index nor the results table
+    assert "| Accuracy (test split) | not recorded |" in card.text
+    assert "- compute_metrics returned `accuracy` = 97.5: a card reports accuracies as fractions in [0, 1] (give " \
+           "0.975, not 97.5); this card leaves it out." in card.text
+    assert "| Epoch | Step | Training loss | Eval loss | Eval top 2 accuracy | Eval f1 |" in card.text
+    assert (tmp_path / "saved" / "model.safetensors").is_file()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # `datasets` data sets
 

@@ -92,6 +92,7 @@ class TrainingSummary:
     # -- results
     eval_metrics: dict = field(default_factory=dict)  # every other evaluated metric, e.g. {"f1": 0.91}
     results: list = field(default_factory=list)  # rows {"epoch", "step", "training_loss", metric: value}
+    eval_notes: list = field(default_factory=list)  # sentences under the Evaluation table
     framework_versions: dict | None = None  # None: the versions installed when the card is rendered
     # -- metadata (the arguments of `Trainer.create_model_card`)
     language: str | list | None = None
@@ -130,12 +131,19 @@ class TrainingSummary:
         if self.label_smoothing is not None and not 0.0 <= float(self.label_smoothing) <= 1.0:
             raise ValueError(f"TrainingSummary.label_smoothing is a fraction in [0, 1], got {self.label_smoothing!r}")
         for name, kind in (("extra", dict), ("eval_metrics", dict), ("results", list), ("dataset_tags", list),
-                           ("tags", list), ("tasks", list)):
+                           ("tags", list), ("tasks", list), ("eval_notes", list)):
             if not isinstance(getattr(self, name), kind):
                 raise ValueError(f"TrainingSummary.{name} must be a {kind.__name__}, "
                                  f"got {type(getattr(self, name)).__name__}")
         if not all(isinstance(row, dict) for row in self.results):
             raise ValueError("TrainingSummary.results must be a list of dicts (one per evaluation)")
+        metrics = [(f"eval_metrics[{key!r}]", key, value) for key, value in self.eval_metrics.items()]
+        metrics += [(f"results[{i}][{key!r}]", key, value) for i, row in enumerate(self.results)
+                    for key, value in row.items()]
+        for where, key, value in metrics:
+            problem = words.percentage_problem(key, value)
+            if problem is not None:
+                raise ValueError(f"TrainingSummary.{where} = {value!r}: {problem}")
         if self.framework_versions is not None and not isinstance(self.framework_versions, dict):
             raise ValueError("TrainingSummary.framework_versions must be a dict or None")
         Mode.parse(self.mode)
@@ -298,6 +306,7 @@ def _template_variables(summary: TrainingSummary, repo_id: str | None, config=No
         "metric_rows": [(words.metric_label(key), words.metric_text(key, value)) for key, value in metrics.items()
                         if key not in ("accuracy", "loss")],
         "has_metrics": bool(metrics),
+        "eval_notes": [str(note) for note in summary.eval_notes],
         "extra_rows": [(str(key), words.text(value)) for key, value in summary.extra.items()],
         "results_header": header,
         "results_rows": rows,

@@ -71,6 +71,15 @@ def metric_key(key: str, prefix: str = "eval_") -> str:
     return key[len(prefix):] if key.startswith(prefix) else key
 
 
+def percentage_problem(name: str, value: Any) -> str | None:
+    """Why an accuracy-like metric (its name ends with "accuracy") cannot go into a card: it is not a fraction in
+    [0, 1] (97.5 is a percentage: the card would publish it as 9750 %). None where it can."""
+    if not metric_key(name).endswith("accuracy") or not is_number(value) or 0 <= float(value) <= 1:
+        return None
+    hint = f"give {float(value) / 100:g}, not {float(value):g}" if 1 < float(value) <= 100 else "not a percentage"
+    return f"a card reports accuracies as fractions in [0, 1] ({hint})"
+
+
 def metric_label(key: str) -> str:
     """A metric's name for a table: "accuracy" -> "Accuracy", "top_5_accuracy" -> "Top 5 accuracy", "f1" -> "F1"."""
     words = metric_key(key).replace("_", " ").strip()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import torch
 
 from ..data import DATASET_SPECS, DatasetInfo, DatasetSpec, dataset_spec
 from ..integrations.model_card import TrainingSummary
-from ..integrations.model_card_text import is_number, is_speed_metric
+from ..integrations.model_card_text import is_number, is_speed_metric, metric_key, percentage_problem
 from .distributed import world_size
 
 CUSTOM_DATASET = "a custom data set"
@@ -254,6 +255,25 @@ def results_from_log_history(log_history: list[dict]) -> list[dict]:
     return [by_epoch[key] for key in sorted(by_epoch)]
 
 
+def refuse_percentages(final: dict, results: list[dict]) -> list[str]:
+    """Take out of the card (in place) every accuracy that compute_metrics returned as a percentage (97.5, not
+    0.975): a card publishes accuracies as fractions in [0, 1], in model-index and in its tables alike, and does not
+    guess which convention a number follows (0.5 could be either). Writing the card never fails on a metric (it is
+    written on one process, often inside a checkpoint); a warning and the card's notes say what was left out."""
+    refused: dict[str, tuple] = {}  # metric -> (the first value refused, the last evaluation's if any; why)
+    for metrics in [final, *results]:
+        for key, value in list(metrics.items()):
+            problem = percentage_problem(key, value)
+            if problem is not None:
+                del metrics[key]
+                refused.setdefault(metric_key(key), (value, problem))
+    notes = []
+    for key, (value, problem) in refused.items():
+        notes.append(f"compute_metrics returned `{key}` = {value:g}: {problem}; this card leaves it out.")
+        warnings.warn(f"model card: {notes[-1][:-1]} (return accuracies as fractions in [0, 1])", stacklevel=2)
+    return notes
+
+
 def final_metrics(trainer) -> dict:
     """The last evaluation's metrics: `trainer._last_eval_metrics`, else the last one in the log history."""
     if trainer._last_eval_metrics:
@@ -315,8 +335,10 @@ def summarize_trainer(trainer, output_dir: str, **card_kwargs) -> TrainingSummar
     metrics = final_metrics(trainer)
     prefix = _metric_prefix(metrics)
     metrics = {key[len(prefix):]: value for key, value in metrics.items() if _is_metric(key, prefix)}
+    results = results_from_log_history(state.log_history)
+    notes = refuse_percentages(metrics, results)
     accuracy, loss = metrics.get("accuracy"), metrics.get("loss")
-    accuracy = metrics.pop("accuracy") if is_number(accuracy) and 0 <= accuracy <= 1 else None  # else: as is
+    accuracy = metrics.pop("accuracy") if is_number(accuracy) else None
     loss = metrics.pop("loss") if is_number(loss) else None
     warmup = args.get_warmup_steps(state.max_steps) if state.max_steps else None
     extra = {}
@@ -375,7 +397,8 @@ def summarize_trainer(trainer, output_dir: str, **card_kwargs) -> TrainingSummar
         eval_accuracy=accuracy,
         eval_loss=loss if is_number(loss) else None,
         eval_metrics=metrics,
-        results=results_from_log_history(state.log_history),
+        eval_notes=notes,
+        results=results,
         num_parameters=sum(p.numel() for p in model.parameters()),
         extra=extra,
         **processor,
