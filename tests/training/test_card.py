@@ -349,6 +349,40 @@ def test_a_known_set_from_the_hub_gets_the_registry_id(tmp_path):
     assert (facts.name, facts.dataset_id, facts.from_registry, facts.eval_split) == ("digits", None, True, "test")
 
 
+def test_save_model_names_placeholder_labels_as_save_for_hub_does(tmp_path):
+    """The README's Trainer quick start (a config with transformers' LABEL_i, a petra_hub data set): the saved
+    config.json, hence a pipeline, names the classes; a `datasets` set gives its ClassLabel names. The Trainer and
+    save_for_hub share one function."""
+    import json
+
+    from PIL import Image
+    from transformers import pipeline
+
+    from petra_hub.integrations import hub
+    from petra_hub.training import card
+
+    assert card.name_generic_labels is hub.name_generic_labels
+    trainer = make_trainer(tmp_path, max_steps=2)
+    assert trainer.model.config.id2label[1] == "LABEL_1"
+    trainer.train()
+    trainer.save_model(str(tmp_path / "saved"))
+    saved = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert saved["id2label"] == {str(i): str(i) for i in range(10)} and saved["label2id"]["7"] == 7
+    classifier = pipeline("image-classification", model=str(tmp_path / "saved"), device="cpu")
+    assert classifier(Image.new("RGB", (16, 16)), top_k=1)[0]["label"] in [str(i) for i in range(10)]
+    assert "| Classes | 10: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9 |" in load_card(tmp_path / "saved").text
+
+    train, test = class_label_sets()
+    trainer = hf_trainer(tmp_path / "hf", train, test, image_processor_for(load_image_dataset("digits", "test").info))
+    trainer.save_model()
+    saved = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert saved["id2label"] == {"0": "cat", "1": "dog", "2": "owl"}
+    named = {0: "zero", 1: "one", 2: "two"}  # names of the model's own are kept
+    trainer.model.config.id2label, trainer.model.config.label2id = named, {v: k for k, v in named.items()}
+    trainer.save_model()
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["id2label"]["1"] == "one"
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Trainer.create_model_card's arguments, one by one
 

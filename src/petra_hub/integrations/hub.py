@@ -20,10 +20,10 @@ from huggingface_hub import HfApi
 from transformers import PreTrainedModel
 
 from .. import __version__
-from ..data import DatasetInfo, dataset_spec, image_processor_for
+from ..data import dataset_spec, image_processor_for
 from .model_card import TrainingSummary, write_model_card
 
-__all__ = ["push_folder_to_hub", "save_for_hub"]
+__all__ = ["name_generic_labels", "push_folder_to_hub", "save_for_hub"]
 
 
 def _unwrap(model) -> PreTrainedModel:
@@ -36,15 +36,18 @@ def _unwrap(model) -> PreTrainedModel:
     raise TypeError(f"save_for_hub needs a transformers PreTrainedModel, got {type(model).__name__}")
 
 
-def _name_generic_labels(model: PreTrainedModel, info: DatasetInfo | None) -> None:
-    """Give the data set's class names to a config that still has the placeholder names LABEL_0, LABEL_1, ..."""
-    config = model.config
-    if info is None or len(info.label_names) != config.num_labels:
-        return
+def name_generic_labels(config, label_names) -> bool:
+    """Give the data set's class names to a model config that still has transformers' placeholder names LABEL_0,
+    LABEL_1, ... (so that a pipeline prints "cat", not "LABEL_3"); True where it did. A config with names of its own,
+    or names of another count, is left alone. Shared by :func:`save_for_hub` and ``PetraTrainer.save_model``."""
+    if not label_names or len(label_names) != config.num_labels:
+        return False
     generic = {i: f"LABEL_{i}" for i in range(config.num_labels)}
-    if dict(config.id2label) == generic:
-        config.id2label = dict(enumerate(info.label_names))
-        config.label2id = {name: i for i, name in enumerate(info.label_names)}
+    if {int(i): name for i, name in config.id2label.items()} != generic:
+        return False
+    config.id2label = {i: str(name) for i, name in enumerate(label_names)}
+    config.label2id = {str(name): i for i, name in enumerate(label_names)}
+    return True
 
 
 def save_for_hub(
@@ -83,7 +86,7 @@ def save_for_hub(
         )
     if summary.num_parameters is None:
         summary = dataclasses.replace(summary, num_parameters=sum(p.numel() for p in model.parameters()))
-    _name_generic_labels(model, info)
+    name_generic_labels(model.config, info.label_names if info is not None else None)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)

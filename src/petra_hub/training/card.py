@@ -1,10 +1,12 @@
 """What the model card of a PETRA training run says: a `TrainingSummary` filled from a `PetraTrainer`.
 
-`write_run_card(trainer, output_dir, **card_kwargs)` is the trainer's only entry point (from `save_model` and
-`create_model_card`). It writes a card for any data set: a petra_hub one (``.info`` is a
-:class:`petra_hub.data.DatasetInfo`: everything comes from the registry), a `datasets` one (name, Hub id, columns
-and splits from its ``info``, ``cache_files`` and ``features``; the registry's facts where it is a known set) or
-any other map-style data set ("a custom data set", or the name given as ``dataset=``).
+The trainer's entry points: `name_labels(trainer)` and `save_run_folder(trainer, output_dir)` from `save_model`
+(placeholder class names LABEL_i become the data set's, as `save_for_hub` does, then the folder and its card), and
+`write_run_card(trainer, output_dir, **card_kwargs)` from `create_model_card`. A card can be written for any data
+set: a petra_hub one (``.info`` is a :class:`petra_hub.data.DatasetInfo`: everything comes from the registry), a
+`datasets` one (name, Hub id, columns and splits from its ``info``, ``cache_files`` and ``features``; the registry's
+facts where it is a known set) or any other map-style data set ("a custom data set", or the name given as
+``dataset=``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 
 from ..data import DATASET_SPECS, DatasetInfo, DatasetSpec, dataset_spec
+from ..integrations.hub import name_generic_labels
 from ..integrations.model_card import TrainingSummary
 from ..integrations.model_card_text import is_number, is_speed_metric, metric_key, percentage_problem
 from .distributed import world_size
@@ -143,6 +146,7 @@ def describe_data(train_dataset, eval_dataset) -> DataFacts:
             facts.name, facts.label_names = info.name, list(info.label_names)
             return facts
         facts.name, facts.dataset_id, facts.from_registry = spec.name, spec.hub_id, True
+        facts.label_names = list(spec.info.label_names)
         return facts
     for dataset in (train, evaluation):
         hf = _hf_info(dataset)
@@ -404,6 +408,23 @@ def summarize_trainer(trainer, output_dir: str, **card_kwargs) -> TrainingSummar
         **processor,
         **fields,
     )
+
+
+def name_labels(trainer) -> None:
+    """The model's placeholder class names LABEL_i become the data set's (its registry entry's, or its
+    ``ClassLabel`` feature's), as ``save_for_hub`` does: the saved config.json, the card and a pipeline agree."""
+    name_generic_labels(trainer.model.config, describe_data(trainer.train_dataset, trainer.eval_dataset).label_names)
+
+
+def save_run_folder(trainer, output_dir: str) -> None:
+    """What `PetraTrainer.save_model` writes on the process that saves: the model (safetensors), the processor, the
+    training arguments and the model card."""
+    os.makedirs(output_dir, exist_ok=True)
+    trainer.model.save_pretrained(output_dir)
+    if trainer.processing_class is not None:
+        trainer.processing_class.save_pretrained(output_dir)
+    torch.save(trainer.args, os.path.join(output_dir, "training_args.bin"))
+    write_run_card(trainer, output_dir)
 
 
 def write_run_card(trainer, output_dir: str, **card_kwargs) -> None:

@@ -38,7 +38,7 @@ from .batches import (
     split_batch,
 )
 from .batches import repeated_first_batch
-from .card import write_run_card
+from .card import name_labels, save_run_folder, write_run_card
 from .checkpoint import PetraState, checkpoint_to_resume, load_best_model, load_stage_states, write_checkpoint
 from .distributed import broadcast_module, raise_on_every_rank, world_size
 from .evaluation import run_inference
@@ -375,13 +375,9 @@ class PetraTrainer(Trainer):
         a model card, then push it with `push_to_hub=True`. Call it on every rank."""
         output_dir = output_dir or self.args.output_dir
         self._sync_model()
+        name_labels(self)  # every rank: LABEL_i become the data set's class names
         if self.args.should_save:
-            os.makedirs(output_dir, exist_ok=True)
-            self.model.save_pretrained(output_dir)
-            if self.processing_class is not None:
-                self.processing_class.save_pretrained(output_dir)
-            torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
-            write_run_card(self, output_dir)
+            save_run_folder(self, output_dir)
         if dist.is_initialized():
             dist.barrier()
         if self.args.push_to_hub and not _internal_call:  # as Trainer.save_model does
