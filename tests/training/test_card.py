@@ -163,6 +163,39 @@ def test_digits_card_how_to_runs(digits_run, tmp_path):
     assert truths == ["8", "8"]  # the last image of load_digits()
 
 
+def metrics_with_size(prediction):
+    """Accuracy, and the number of examples evaluated: it tells which set a number comes from."""
+    predicted = np.argmax(prediction.predictions, -1)
+    return {"accuracy": float((predicted == prediction.label_ids).mean()), "examples": len(prediction.label_ids)}
+
+
+def test_a_dict_of_eval_sets_reports_its_first_set_everywhere(tmp_path):
+    """eval_dataset={"test": 40 items, "train": 64 items}: model-index, the Evaluation table and the training results
+    all report the first set, `test` (the last one evaluated, `train`, used to win), and a note names the other."""
+    train = take(load_image_dataset("digits", "train"), 64)
+    test = take(load_image_dataset("digits", "test"), 40)
+    trainer = make_trainer(tmp_path, train=train, max_steps=4, eval_strategy="steps", eval_steps=2)
+    trainer.eval_dataset = {"test": test, "train": train}
+    trainer.compute_metrics = metrics_with_size
+    trainer.train()
+    final = trainer.evaluate()
+    trainer.evaluate("train")  # another set evaluated last: the card still reports `test`
+    trainer.save_model(str(tmp_path / "saved"))
+    card = load_card(tmp_path / "saved")
+    text = card.text
+    published = {result.metric_type: result for result in card.data.eval_results}
+    assert published["examples"].metric_value == 40
+    assert published["accuracy"].metric_value == final["eval_test_accuracy"]
+    assert {result.dataset_split for result in card.data.eval_results} == {"test"}
+    assert f"| Accuracy (test split) | {100 * final['eval_test_accuracy']:.2f} % |" in text
+    assert f"| Loss (test split) | {final['eval_test_loss']:.4f} |" in text and "| Examples (test split) | 40 |" in text
+    assert "| Epoch | Step | Training loss | Eval loss | Eval accuracy | Eval examples |" in text
+    table = text.split("### Training results")[1].split("## Evaluation")[0]
+    rows = [line for line in table.splitlines() if re.match(r"\| \d", line)]
+    assert [row.split(" | ")[1] for row in rows] == ["2", "4"] and all(row.endswith(" | 40 |") for row in rows)
+    assert "this card reports the first, `test`. The metrics of `train`" in text
+
+
 def test_learning_rate_zero_still_gets_a_card(tmp_path):
     trainer = make_trainer(tmp_path, max_steps=2, learning_rate=0.0)
     trainer.train()

@@ -7,6 +7,14 @@ set: a petra_hub one (``.info`` is a :class:`petra_hub.data.DatasetInfo`: everyt
 `datasets` one (name, Hub id, columns and splits from its ``info``, ``cache_files`` and ``features``; the registry's
 facts where it is a known set) or any other map-style data set ("a custom data set", or the name given as
 ``dataset=``).
+
+Which evaluation a card reports: that of the trainer's eval data set; with a dict of them
+(``eval_dataset={"test": ..., "train": ...}``, which `evaluate()` evaluates set by set with prefixes
+``eval_<key>_``), the first set of the dict, named by its own split where it knows one, else by its key. model-index,
+the Evaluation table and the training-results table all show that set alone; a note under the Evaluation table
+names the others, whose metrics stay in the log history. Only evaluations of that set count as the card's last one
+(`record_evaluation`): evaluating another set (another entry of the dict, or one given to `evaluate()` while the
+trainer holds a dict) changes nothing in the card.
 """
 
 from __future__ import annotations
@@ -134,10 +142,28 @@ def _columns(features) -> tuple[str | None, str | None, list | None]:
     return image, label, names
 
 
+def reported_eval_set(eval_dataset) -> tuple[str | None, Any]:
+    """(key, data set) of the evaluation a card reports: the first set of a dict of eval data sets, else the eval
+    data set itself (key None)."""
+    if isinstance(eval_dataset, dict):
+        return next(iter(eval_dataset.items()), (None, None))
+    return None, eval_dataset
+
+
+def record_evaluation(trainer, dataset, metrics: dict) -> None:
+    """Keep the metrics of an evaluation of `dataset` as the card's last evaluation: any evaluation's when the
+    trainer has one eval data set (or none), only those of the reported set when it has a dict of them."""
+    key, reported = reported_eval_set(trainer.eval_dataset)
+    if key is None or dataset is reported:
+        trainer._last_eval_metrics = metrics
+
+
 def describe_data(train_dataset, eval_dataset) -> DataFacts:
-    """The name, Hub id, splits and columns of the training data (the eval set when there is no training set)."""
-    train, evaluation = _unwrapped(train_dataset), _unwrapped(eval_dataset)
-    facts = DataFacts(eval_split=_split_name(evaluation) or "evaluation")
+    """The name, Hub id, splits and columns of the training data (the eval set when there is no training set); the
+    split is that of the reported eval set (the first of a dict: its own split, else its key)."""
+    key, reported = reported_eval_set(eval_dataset)
+    train, evaluation = _unwrapped(train_dataset), _unwrapped(reported)
+    facts = DataFacts(eval_split=_split_name(evaluation) or key or "evaluation")
     info = dataset_of(train, evaluation)
     if info is not None:
         try:
@@ -225,23 +251,24 @@ def schedule_text(args, warmup_steps: int | None) -> str:
     return f"{warmup}{name}{options}"
 
 
-def _metric_prefix(metrics: dict) -> str:
+def _metric_prefix(metrics: dict, default: str = "eval_") -> str:
     loss = next((key for key in metrics if key.endswith("_loss")), None)
-    return loss[: -len("loss")] if loss else "eval_"
+    return loss[: -len("loss")] if loss else default
 
 
 def _is_metric(key: str, prefix: str) -> bool:
     return key.startswith(prefix) and not is_speed_metric(key)
 
 
-def results_from_log_history(log_history: list[dict]) -> list[dict]:
-    """One row per evaluation (epoch, step, the last training loss logged before it, every eval_* metric); a
-    re-evaluation at the same step replaces the row. Without evaluations: the last training loss of each epoch."""
+def results_from_log_history(log_history: list[dict], prefix: str = "eval_") -> list[dict]:
+    """One row per evaluation (epoch, step, the last training loss logged before it, every metric named
+    `prefix`..., renamed eval_...); a re-evaluation at the same step replaces the row. Without evaluations: the last
+    training loss of each epoch. `prefix`: "eval_<key>_" for the reported set of a dict of eval data sets."""
     rows, last_loss = [], None
     for entry in log_history:
         if "loss" in entry:
             last_loss = entry["loss"]
-        metrics = {key: value for key, value in entry.items() if _is_metric(key, "eval_")}
+        metrics = {"eval_" + key[len(prefix):]: value for key, value in entry.items() if _is_metric(key, prefix)}
         if not metrics:
             continue
         row = {"epoch": entry.get("epoch"), "step": entry.get("step"), "training_loss": last_loss, **metrics}
@@ -278,14 +305,24 @@ def refuse_percentages(final: dict, results: list[dict]) -> list[str]:
     return notes
 
 
-def final_metrics(trainer) -> dict:
-    """The last evaluation's metrics: `trainer._last_eval_metrics`, else the last one in the log history."""
+def final_metrics(trainer, prefix: str = "eval_") -> dict:
+    """The last evaluation's metrics: `trainer._last_eval_metrics` (see `record_evaluation`), else the last one in the
+    log history with metrics named `prefix`..."""
     if trainer._last_eval_metrics:
         return dict(trainer._last_eval_metrics)
     for entry in reversed(trainer.state.log_history):
-        if any(_is_metric(key, "eval_") for key in entry):
+        if any(_is_metric(key, prefix) for key in entry):
             return dict(entry)
     return {}
+
+
+def _other_sets_note(eval_dataset) -> list[str]:
+    """The note that names the eval data sets of a dict that the card does not report."""
+    if not isinstance(eval_dataset, dict) or len(eval_dataset) < 2:
+        return []
+    first, *others = (f"`{key}`" for key in eval_dataset)
+    return [f"The run evaluated a dict of data sets; this card reports the first, {first}. The metrics of "
+            f"{', '.join(others)} (named `eval_<key>_...`) are in the run's log history (`trainer_state.json`) only."]
 
 
 def _per_channel(values) -> tuple | None:
@@ -336,11 +373,13 @@ def summarize_trainer(trainer, output_dir: str, **card_kwargs) -> TrainingSummar
     fields: dict[str, Any] = {}
     apply_card_arguments(facts, fields, card_kwargs)
 
-    metrics = final_metrics(trainer)
-    prefix = _metric_prefix(metrics)
+    set_key, _ = reported_eval_set(trainer.eval_dataset)
+    set_prefix = "eval_" if set_key is None else f"eval_{set_key}_"
+    metrics = final_metrics(trainer, set_prefix)
+    prefix = _metric_prefix(metrics, set_prefix)
     metrics = {key[len(prefix):]: value for key, value in metrics.items() if _is_metric(key, prefix)}
-    results = results_from_log_history(state.log_history)
-    notes = refuse_percentages(metrics, results)
+    results = results_from_log_history(state.log_history, set_prefix)
+    notes = refuse_percentages(metrics, results) + _other_sets_note(trainer.eval_dataset)
     accuracy, loss = metrics.get("accuracy"), metrics.get("loss")
     accuracy = metrics.pop("accuracy") if is_number(accuracy) else None
     loss = metrics.pop("loss") if is_number(loss) else None

@@ -38,7 +38,7 @@ from .batches import (
     split_batch,
 )
 from .batches import repeated_first_batch
-from .card import name_labels, save_run_folder, write_run_card
+from .card import name_labels, record_evaluation, save_run_folder, write_run_card
 from .checkpoint import PetraState, checkpoint_to_resume, load_best_model, load_stage_states, write_checkpoint
 from .distributed import broadcast_module, raise_on_every_rank, world_size
 from .evaluation import run_inference
@@ -353,7 +353,7 @@ class PetraTrainer(Trainer):
                 metrics.update(self.evaluate(subset, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
         result = self._infer(self.get_eval_dataloader(dataset), metric_key_prefix, keep_outputs=False)
-        self._last_eval_metrics = result.metrics
+        record_evaluation(self, dataset, result.metrics)  # the card's: the first set of a dict
         self.log(result.metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, result.metrics)
         return result.metrics
