@@ -6,8 +6,9 @@ import time
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from petra_hub.engine import Pipeline
+from petra_hub.engine import Pipeline, StageMismatchError
 from petra_hub.testing.models import random_images, small_model
 from petra_hub.testing.ranks import run_ranks
 
@@ -241,3 +242,22 @@ def test_data_parallel_replicas_share_one_automatic_partition(tmp_path):
     assert first.keys() == second.keys() == {0}
     assert all(torch.equal(a, b) for a, b in zip(first[0], second[0]))
     assert all("ranks disagree" in (result["value"][2] or "not refused") for result in results)
+
+
+def _kept_on_rank_0_only(rank, world_size):
+    torch.manual_seed(0)
+    stages = [nn.Sequential(nn.Linear(4, 8), nn.Tanh()), nn.Sequential(nn.Linear(8, 8), nn.Tanh()), nn.Linear(8, 2)]
+    pipeline = Pipeline(stages, nn.functional.cross_entropy, keep_graphs=[0] if rank == 0 else None, timeout=20)
+    try:
+        pipeline.step(torch.randn(4, 4), torch.tensor([0, 1, 0, 1]))
+    except StageMismatchError as error:
+        return str(error)
+    return "ran"
+
+
+def test_ranks_that_keep_other_graphs_are_refused_at_start():
+    """Kept graphs set the size of every message: ranks that disagreed once posted payloads of the wrong size (gloo
+    aborted the process, or the tail of a buffer went unwritten and the losses turned NaN)."""
+    results, _, _ = run_ranks(_kept_on_rank_0_only, 2, deadline=60)
+    messages = [result["value"] for result in results]
+    assert messages[0] == messages[1] == "ranks disagree on kept_graphs (rank 0: [0], rank 1: [])"

@@ -96,3 +96,27 @@ def test_auto_partition_measures_once_and_trains_the_same_model(tmp_path):
     single = make_trainer(tmp_path / "one", max_steps=4)
     single.train()
     assert model == other_model == checksum(single.model)
+
+
+def _train_with_rank_overrides(rank, world_size, folder, overrides):
+    as_launched(rank, world_size)
+    trainer = make_trainer(folder, max_steps=2, **overrides.get(rank, {}))
+    try:
+        trainer.train()
+    except ValueError as error:
+        return str(error)
+    return "trained"
+
+
+def test_processes_given_different_arguments_are_refused_naming_them(tmp_path):
+    """Another seed on one rank once trained silently on images paired with other images' labels (17.5 % instead of
+    97.8 %); other learning rates or clipping stalled until the timeout. Every rank now refuses, with one text."""
+    results, _, _ = run_ranks(_train_with_rank_overrides, 2, str(tmp_path), {1: {"seed": 1, "max_grad_norm": 1.0}},
+                              deadline=120)
+    messages = [r["value"] for r in results]
+    assert messages[0] == messages[1] and "disagree on max_grad_norm, seed" in messages[0]
+    assert "seed: rank 0 0, rank 1 1" in messages[0]
+    # where each process writes may differ
+    results, _, _ = run_ranks(_train_with_rank_overrides, 2, str(tmp_path / "a"),
+                              {1: {"output_dir": str(tmp_path / "b"), "dataloader_num_workers": 1}}, deadline=120)
+    assert [r["value"] for r in results] == ["trained", "trained"]

@@ -35,7 +35,7 @@ def handshake(
     input_spec: ActivationSpec,
     stages: list[nn.Module],
     router: Router,
-    settings: tuple,
+    settings: dict,
     group: dist.ProcessGroup | None,
     job_group: dist.ProcessGroup | None,
     global_ranks: list[int] | None,
@@ -43,7 +43,7 @@ def handshake(
     precision: Precision | None = None,
 ) -> None:
     """Fill `router.specs`, checking every stage of this rank against what its predecessor produces under the
-    precision policy. `settings` (what must agree across ranks: stages, mode, k, partition, precision) is compared
+    precision policy. `settings` (a dict of what must agree across ranks: stages, mode, k, partition, ...) is compared
     over `job_group` when distributed: every rank of the run, so that data-parallel replicas, whose gradient
     averages pair their stages, agree too. The shapes travel over the pipeline's `group`. A collective that fails (a
     peer died) becomes a PeerFailureError."""
@@ -66,8 +66,11 @@ def _handshake(input_spec, stages, router, settings, group, job_group, global_ra
     if distributed:
         everyone = [None] * dist.get_world_size(job_group)
         dist.all_gather_object(everyone, settings, group=job_group)
-        if any(other != settings for other in everyone):
-            raise StageMismatchError(f"ranks disagree on (stages, mode, k, partition, precision): {everyone}")
+        differ = sorted({key for other in everyone for key in settings if other.get(key) != settings[key]})
+        if differ:  # the same text on every rank
+            raise StageMismatchError("ranks disagree on " + "; ".join(
+                f"{key} ({', '.join(f'rank {rank}: {other.get(key)!r}' for rank, other in enumerate(everyone))})"
+                for key in differ))
     local, error, spec = router.local, None, input_spec
     if local.start > 0:
         received = [None]

@@ -27,7 +27,7 @@ from .handshake import check_same_spec, handshake, input_spec_of
 from .modes import Mode
 from .inference import evaluating, forward_local
 from .readings import Readings
-from .placement import Placement, Replicas, split_replicas
+from .placement import Placement, pipeline_groups
 from .profiling import auto_partition
 from .precision import Precision
 from .protocol import DRAIN, GATHER, INFER, PROBE, STEP, Moment
@@ -132,19 +132,15 @@ class Pipeline(Readings):
         self.schedule = Schedule(len(self.stages), self.mode.pipelined)
         self.device = torch.device(device) if device is not None else None
         self.timeout = timeout
+        self._max_grad_norm = max_grad_norm or 0.0
 
         if distributed is None:
             distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
         self.distributed = distributed
         self.data_parallel_size = data_parallel_size
-        self.replicas: Replicas | None = None
-        self.job_group = group  # every rank of the run: this pipeline's, or with replicas all of theirs (default)
-        if data_parallel_size != 1:
-            if not distributed or group is not None:
-                raise ValueError("data parallelism needs the default torch.distributed process group")
-            self.replicas = split_replicas(data_parallel_size)
-            group = self.replicas.pipeline_group
-        self.group = group
+        # job_group: every rank of the run (this pipeline's, or with replicas all of theirs: the default group)
+        self.group, self.job_group, self.replicas = pipeline_groups(group, data_parallel_size, distributed)
+        group = self.group
         world = dist.get_world_size(group) if distributed else 1
         self.rank = dist.get_rank(group) if distributed else 0
         if partition == "auto":  # one split for the whole run (every replica), measured with the options that change
@@ -396,7 +392,9 @@ class Pipeline(Readings):
                 self._input_spec = spec
             yield
 
-    def _settings(self) -> tuple:
-        """What every rank of the run (every replica's) must agree on."""
-        return (self.num_stages, self.mode.value, self.accumulation_steps, [len(g) for g in self.placement.groups],
-                self.precision.describe(), self.weight_prediction)
+    def _settings(self) -> dict:
+        """What every rank of the run must agree on (kept graphs set the messages' sizes, clipping the updates)."""
+        return {"stages": self.num_stages, "mode": self.mode.value, "accumulation_steps": self.accumulation_steps,
+                "partition": [len(g) for g in self.placement.groups], "precision": self.precision.describe(),
+                "weight_prediction": self.weight_prediction, "kept_graphs": sorted(self.kept_graphs),
+                "max_grad_norm": self._max_grad_norm, "data_parallel_size": self.data_parallel_size}

@@ -131,3 +131,14 @@ def split_replicas(count: int) -> Replicas:
     peers = [dist.new_group(list(range(p, world, size))) for p in range(size)]
     ranks = tuple(range(index * size, (index + 1) * size))
     return Replicas(index, count, ranks, pipelines[index], peers[rank % size])
+
+
+def pipeline_groups(group, data_parallel_size: int, distributed: bool) -> tuple[object, object, Replicas | None]:
+    """(the pipeline's group, the group of every rank of the run, the replicas or None): `group` itself twice
+    without data parallelism; with it, this rank's replica's pipeline and the default group (a collective)."""
+    if data_parallel_size == 1:
+        return group, group, None
+    if not distributed or group is not None:
+        raise ValueError("data parallelism needs the default torch.distributed process group")
+    replicas = split_replicas(data_parallel_size)
+    return replicas.pipeline_group, None, replicas

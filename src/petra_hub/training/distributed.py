@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import os
 
@@ -120,3 +121,32 @@ def raise_on_every_rank():
             raise RuntimeError(f"process {rank} stopped before training: {message}")
     if error is not None:
         raise error
+
+
+# TrainingArguments fields that may differ between processes: where each machine writes and logs, how it loads data
+# and shows progress, and what the launcher sets per process. Every other field must agree: rank 0 reads the images
+# and the last rank the labels, each in its own order, and every stage must update alike.
+PER_PROCESS_FIELDS = frozenset({
+    "output_dir", "logging_dir", "run_name", "report_to", "disable_tqdm", "dataloader_num_workers",
+    "dataloader_pin_memory", "dataloader_persistent_workers", "dataloader_prefetch_factor", "petra_timeout",
+    "local_rank", "process_index", "local_process_index",
+})
+
+
+def check_same_run(args, data_label: str | None) -> None:
+    """Every process must run the same job: the same TrainingArguments (`PER_PROCESS_FIELDS` aside) and train set.
+    Raises the same ValueError on every rank, naming the fields and which ranks hold which values (a collective;
+    nothing to do with one process). Different seeds, for one, pair rank 0's images with other images' labels."""
+    if world_size() <= 1:
+        return
+    mine = {f.name: repr(getattr(args, f.name)) for f in dataclasses.fields(args)
+            if f.init and f.name not in PER_PROCESS_FIELDS}
+    mine["train_dataset"] = repr(data_label)
+    everyone: list = [None] * world_size()
+    dist.all_gather_object(everyone, mine)
+    differ = sorted({key for other in everyone for key in set(mine) | set(other) if other.get(key) != mine.get(key)})
+    if differ:
+        shown = "; ".join(f"{key}: " + ", ".join(f"rank {rank} {other.get(key)}" for rank, other in enumerate(everyone))
+                          for key in differ[:5])
+        raise ValueError(f"the processes disagree on {', '.join(differ)} ({shown}): every process must be given the "
+                         "same arguments and data (only where it writes and logs, and how it loads data, may differ)")

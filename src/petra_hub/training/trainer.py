@@ -40,7 +40,7 @@ from .batches import (
 from .batches import repeated_first_batch
 from .card import name_labels, record_evaluation, save_run_folder, write_run_card
 from .checkpoint import PetraState, checkpoint_to_resume, load_best_model, load_stage_states, write_checkpoint
-from .distributed import broadcast_module, raise_on_every_rank, world_size
+from .distributed import broadcast_module, check_same_run, raise_on_every_rank, world_size
 from .evaluation import run_inference
 from .fidelity import GradientFidelityCallback
 from .guards import RunLock, check_finite, preflight
@@ -165,12 +165,12 @@ class PetraTrainer(Trainer):
         loader = self.get_train_dataloader()
         check_first_batch(self.model, self.data_collator, loader.dataset)
         if args.petra_partition == "auto" or args.memory_budget_bytes() is not None:  # measured on it
-            self._profile_batch = repeated_first_batch(
-                self.data_collator, loader.dataset, args.per_device_train_batch_size
-            )
+            micro_batch = args.per_device_train_batch_size
+            self._profile_batch = repeated_first_batch(self.data_collator, loader.dataset, micro_batch)
         check_all_labels(self.train_dataset, getattr(self.model.config, "num_labels", None))
         per_epoch, steps_per_epoch, max_steps = plan_steps(loader, args)
 
+        check_same_run(args, dataset_label(self.train_dataset))  # before any rank writes or trains
         with raise_on_every_rank():
             self._lock = preflight(self.args, self.model, self.replica, resume_from_checkpoint)
 
