@@ -120,3 +120,23 @@ def test_processes_given_different_arguments_are_refused_naming_them(tmp_path):
     results, _, _ = run_ranks(_train_with_rank_overrides, 2, str(tmp_path / "a"),
                               {1: {"output_dir": str(tmp_path / "b"), "dataloader_num_workers": 1}}, deadline=120)
     assert [r["value"] for r in results] == ["trained", "trained"]
+
+
+def _stream_with_replicas(rank, world_size, folder):
+    from petra_hub.data import load_image_dataset, take
+    from tests.training.test_drop_in import Streamed
+
+    as_launched(rank, world_size)
+    stream = Streamed(take(load_image_dataset("digits", "train"), 72))  # 9 micro-batches of 8 a pass
+    trainer = make_trainer(folder, train=stream, max_steps=10, gradient_accumulation_steps=1, eval_strategy="epoch",
+                           petra_data_parallel=2, petra_timeout=20)
+    trainer.train()
+    return trainer.state.global_step, [log["epoch"] for log in trainer.state.log_history if "eval_loss" in log]
+
+
+def test_replicas_of_a_stream_take_whole_rounds_of_batches(tmp_path):
+    """9 batches over 2 replicas: replica 0 once read 5 a pass and replica 1 4, their epochs ended at different
+    steps and their collectives stalled into a gloo timeout. Each now reads 4 (the last, odd batch is dropped)."""
+    results, _, _ = run_ranks(_stream_with_replicas, 2, str(tmp_path), deadline=180)
+    assert all(result and "value" in result for result in results), [r and r.get("traceback") for r in results]
+    assert [result["value"] for result in results] == [(10, [1.0, 2.0])] * 2  # 4 steps an epoch on both replicas

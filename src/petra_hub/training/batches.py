@@ -107,7 +107,16 @@ def epoch_batches(loader: DataLoader, dataset, epoch: int, offset: int, replica:
     if isinstance(loader.sampler, EpochSampler):
         loader.sampler.set_epoch(epoch, start=offset * loader.batch_size)
         return iter(loader)
-    return itertools.islice(loader, replica + offset * replicas, None, replicas)  # iterable: every D-th batch
+    return _every_dth(loader, replica, replicas, offset)
+
+
+def _every_dth(loader, replica: int, replicas: int, offset: int):
+    """A stream's batches for replica `replica` of D: batch replica, replica + D, ... of each whole round of D
+    batches, from the `offset`-th round on. A last round shorter than D is dropped, so that every replica's epoch
+    has as many micro-batches and their collectives stay in step."""
+    stream = iter(loader)
+    rounds = iter(lambda: tuple(itertools.islice(stream, replicas)), ())  # until the stream is exhausted
+    return (batches[replica] for batches in itertools.islice(rounds, offset, None) if len(batches) == replicas)
 
 
 def dataset_label(dataset) -> str | None:
