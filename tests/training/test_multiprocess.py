@@ -140,3 +140,14 @@ def test_replicas_of_a_stream_take_whole_rounds_of_batches(tmp_path):
     results, _, _ = run_ranks(_stream_with_replicas, 2, str(tmp_path), deadline=180)
     assert all(result and "value" in result for result in results), [r and r.get("traceback") for r in results]
     assert [result["value"] for result in results] == [(10, [1.0, 2.0])] * 2  # 4 steps an epoch on both replicas
+
+
+def test_checkpoints_across_machines_need_one_shared_output_dir(tmp_path):
+    """Two "machines" with their own disks: each process writes its stages' files into its own output_dir, and the
+    first save failed with a raw gloo error. Refused before the first step, on every rank."""
+    overrides = {rank: {"output_dir": str(tmp_path / f"disk-{rank}"), "save_strategy": "steps", "save_steps": 1}
+                 for rank in (0, 1)}
+    results, _, _ = run_ranks(_train_with_rank_overrides, 2, str(tmp_path), overrides, deadline=120)
+    messages = [result["value"] for result in results]
+    assert "rank 0 cannot see the files of ranks [1]" in messages[0] and "shared storage" in messages[1]
+    assert not list((tmp_path / "disk-0").glob("checkpoint-*"))

@@ -150,3 +150,31 @@ def check_same_run(args, data_label: str | None) -> None:
                           for key in differ[:5])
         raise ValueError(f"the processes disagree on {', '.join(differ)} ({shown}): every process must be given the "
                          "same arguments and data (only where it writes and logs, and how it loads data, may differ)")
+
+
+def check_shared_output_dir(args) -> None:
+    """Checkpoints are written by every process (its stages' optimizer states) into one folder that rank 0 then
+    publishes: across machines `output_dir` must be shared storage. Each process leaves a mark there and every process
+    must see every mark; else the same ValueError on every rank, before any step (a collective; nothing to check with
+    one process or without checkpoints)."""
+    if world_size() <= 1 or args.save_strategy == "no":
+        return
+    token = [os.urandom(8).hex() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(token)
+    marks = [os.path.join(args.output_dir, f".petra-shared-{token[0]}-{rank}") for rank in range(world_size())]
+    os.makedirs(args.output_dir, exist_ok=True)
+    with open(marks[dist.get_rank()], "w", encoding="utf-8"):
+        pass
+    dist.barrier()
+    unseen = [rank for rank, mark in enumerate(marks) if not os.path.exists(mark)]
+    everyone: list = [None] * world_size()
+    dist.all_gather_object(everyone, unseen)
+    dist.barrier()
+    os.remove(marks[dist.get_rank()])
+    blind = {rank: missing for rank, missing in enumerate(everyone) if missing}
+    if blind:
+        raise ValueError(
+            f"output_dir {args.output_dir!r} is not one folder that every process sees ("
+            + "; ".join(f"rank {rank} cannot see the files of ranks {missing}" for rank, missing in blind.items())
+            + "): checkpoints are written by every process, so across machines put output_dir on shared storage, "
+            "or set save_strategy='no'")

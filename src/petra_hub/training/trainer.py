@@ -40,7 +40,7 @@ from .batches import (
 from .batches import repeated_first_batch
 from .card import name_labels, record_evaluation, save_run_folder, write_run_card
 from .checkpoint import PetraState, checkpoint_to_resume, load_best_model, load_stage_states, write_checkpoint
-from .distributed import broadcast_module, check_same_run, raise_on_every_rank, world_size
+from .distributed import broadcast_module, check_same_run, check_shared_output_dir, raise_on_every_rank, world_size
 from .evaluation import run_inference
 from .fidelity import GradientFidelityCallback
 from .guards import RunLock, check_finite, preflight
@@ -171,6 +171,7 @@ class PetraTrainer(Trainer):
         per_epoch, steps_per_epoch, max_steps = plan_steps(loader, args)
 
         check_same_run(args, dataset_label(self.train_dataset))  # before any rank writes or trains
+        check_shared_output_dir(args)
         with raise_on_every_rank():
             self._lock = preflight(self.args, self.model, self.replica, resume_from_checkpoint)
 
