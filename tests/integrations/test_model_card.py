@@ -109,6 +109,18 @@ def test_a_summary_refuses_every_accuracy_given_as_a_percentage():
     full_summary(eval_metrics={"f1": 91.0, "top_5_accuracy": 0.99}).validate()  # only accuracies are fractions
 
 
+def test_the_evaluated_split_is_named_as_it_is_or_not_at_all():
+    """A split name, what the evaluated data is where it is no split, or nothing: never a made-up "evaluation"."""
+    for split, label, published in (("test", "test split", "test"), ("validation[:10%]", "validation[:10%] split",
+                                                                     "validation[:10%]"),
+                                    ("held-out 15% of train", "held-out 15% of train", "held-out 15% of train"),
+                                    (None, "evaluation set", None)):
+        card = render_model_card(full_summary(eval_split=split))
+        assert f"| Accuracy ({label}) | 91.37 % |" in card.text, split
+        assert card.data.eval_results[0].dataset_split == published
+        assert "evaluation split" not in card.text and "split: evaluation" not in card.content
+
+
 def test_card_rejects_inconsistent_summaries():
     with pytest.raises(ValueError, match="fraction"):
         render_model_card(full_summary(eval_accuracy=91.4))

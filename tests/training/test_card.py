@@ -312,10 +312,44 @@ def test_a_datasets_dataset_gets_a_card(tmp_path):
     assert "white digits" not in text
     assert 'Image.open("path/to/image.png")  # placeholder' in text and "is a placeholder" in text
     assert "were not reproduced here beyond this model's own evaluation above" in text
-    assert "Accuracy (evaluation split)" in text
+    assert "| Accuracy (evaluation set) |" in text and "evaluation split" not in text  # no split name to give
     assert card.data.eval_results[0].dataset_type == CUSTOM_DATASET
+    assert card.data.eval_results[0].dataset_split is None and "split:" not in card.content.split("---")[1]
     assert card.data.datasets is None
     assert f'from_pretrained("{tmp_path}")' in text  # no Hub id: the local folder
+
+
+@pytest.mark.parametrize("splits, expected_split", [(("train", "test"), "test"),
+                                                    (("train",), "held-out 15% of train")])
+def test_the_recipe_names_its_datasets_set_and_the_evaluated_part(tmp_path, monkeypatch, splits, expected_split):
+    """`--dataset_name <folder>`: the card names the set as the recipe does (the folder) and the evaluated part
+    as what it is: the test split, or, for a train-only set, the seeded hold-out (its rows keep split "train")."""
+    from tests.test_recipes import TINY, write_digits_dataset
+
+    from petra_hub.training import recipe
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    folder = write_digits_dataset(tmp_path / "my-digits")
+    if splits == ("train",):  # the same images, train only
+        train_only = datasets.DatasetDict(train=datasets.load_from_disk(str(folder))["train"])
+        folder = tmp_path / "my-digits-train"
+        train_only.save_to_disk(str(folder))
+    prepared = recipe.prepare(["--dataset_name", str(folder), "--output_dir", str(tmp_path / "out"), *TINY])
+    trainer = prepared.trainer
+    final = trainer.evaluate()
+    trainer.save_model()
+    card = load_card(tmp_path / "out")
+    [accuracy] = [result for result in card.data.eval_results if result.metric_type == "accuracy"]
+    assert (accuracy.dataset_name, accuracy.dataset_type) == (folder.name, folder.name)
+    assert accuracy.dataset_split == expected_split and accuracy.metric_value == final["eval_accuracy"]
+    label = f"{expected_split} split" if expected_split == "test" else expected_split
+    assert f"| Accuracy ({label}) | {100 * final['eval_accuracy']:.2f} % |" in card.text
+    assert f"Trained on {folder.name} in mode" in card.text
+    assert CUSTOM_DATASET not in card.text and "(train split)" not in card.text
+    assert trainer.model_card_kwargs == {"dataset": folder.name, "eval_split": expected_split}  # the hand-over
+    # create_model_card's own arguments come first
+    trainer.create_model_card(dataset="Digits (a copy)", eval_split="validation")
+    assert "| Accuracy (validation split) |" in load_card(tmp_path / "out").text
 
 
 def test_an_image_folder_with_a_transform_gets_a_card(tmp_path):

@@ -69,7 +69,8 @@ class TrainingSummary:
     dataset_title: str | None = None  # how the card names it; default: the registry's description, else `dataset`
     dataset_config: str | None = None  # the Hub configuration (`Trainer.create_model_card(dataset_args=...)`)
     dataset_tags: list = field(default_factory=list)  # more Hub data set ids for the `datasets` metadata
-    eval_split: str = "test"
+    eval_split: str | None = "test"  # a split name, or what the evaluated data is ("held-out 15% of train"); None:
+    # unknown (model-index then names no split, the body says "evaluation set")
     label_names: list | None = None  # class names; default: the model config's id2label, else the registry's
     image_size: int | None = None  # input convention of a data set petra_hub does not know (its image processor)
     image_mean: tuple | None = None
@@ -300,7 +301,7 @@ def _template_variables(summary: TrainingSummary, repo_id: str | None, config=No
         "dataset_label": dataset_label,
         "dataset_description": dataset_description,
         "dataset_is_digits": words.is_sklearn_digits(spec),
-        "eval_split": f"{summary.eval_split} split",
+        "eval_split": words.split_text(summary.eval_split),
         "eval_accuracy": words.accuracy_text(summary.eval_accuracy),
         "eval_loss": words.loss_text(summary.eval_loss),
         "metric_rows": [(words.metric_label(key), words.metric_text(key, value)) for key, value in metrics.items()

@@ -25,6 +25,7 @@ FRAMEWORKS = ("petra_hub", "torch", "transformers", "datasets", "accelerate", "h
 SPEED_SUFFIXES = ("_runtime", "_per_second", "_preparation_time", "_compilation_time")
 MAX_LISTED_LABELS = 20
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_SPLIT_NAME = re.compile(r"^[\w.-]+(\[[^\]]*\])?$")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -41,6 +42,14 @@ def text(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return ", ".join(text(item) for item in value) if value else NOT_RECORDED
     return str(value)
+
+
+def split_text(split: str | None) -> str:
+    """How the body names the evaluated data: "test split" for a split name ("test", "validation[:10%]"), the words
+    as given otherwise ("held-out 15% of train"), "evaluation set" when unknown."""
+    if split is None or not str(split).strip():
+        return "evaluation set"
+    return f"{split} split" if _SPLIT_NAME.match(str(split)) else str(split)
 
 
 def parameters_text(count: int | None) -> str:

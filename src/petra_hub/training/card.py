@@ -6,7 +6,10 @@ The trainer's entry points: `name_labels(trainer)` and `save_run_folder(trainer,
 set: a petra_hub one (``.info`` is a :class:`petra_hub.data.DatasetInfo`: everything comes from the registry), a
 `datasets` one (name, Hub id, columns and splits from its ``info``, ``cache_files`` and ``features``; the registry's
 facts where it is a known set) or any other map-style data set ("a custom data set", or the name given as
-``dataset=``).
+``dataset=``). What the data cannot tell (a local set's name, the split a `datasets` set was held out from: it keeps
+``split == "train"``), ``PetraTrainer.model_card_kwargs`` does, as the recipe sets it: ``{"dataset": name,
+"eval_split": "held-out 15% of train"}`` (`create_model_card`'s own arguments take precedence). A split nobody names
+is published as none (model-index without ``split``, "evaluation set" in the body), never as a made-up name.
 
 Which evaluation a card reports: that of the trainer's eval data set; with a dict of them
 (``eval_dataset={"test": ..., "train": ...}``, which `evaluate()` evaluates set by set with prefixes
@@ -36,8 +39,10 @@ from ..integrations.model_card_text import is_number, is_speed_metric, metric_ke
 from .distributed import world_size
 
 CUSTOM_DATASET = "a custom data set"
+# `Trainer.create_model_card`'s arguments, and petra_hub's `eval_split`: the name of the evaluated split, or what it
+# is when it is none ("held-out 15% of train"), for data that does not carry it.
 CARD_ARGUMENTS = ("language", "license", "tags", "model_name", "finetuned_from", "tasks", "dataset_tags", "dataset",
-                  "dataset_args")
+                  "dataset_args", "eval_split")
 # `datasets` builders that read local files: their name is the file format, not the data set's.
 _PACKAGED_BUILDERS = {"arrow", "audiofolder", "csv", "generator", "imagefolder", "json", "pandas", "parquet", "sql",
                       "text", "videofolder", "webdataset", "xml", "hdf5"}
@@ -71,7 +76,7 @@ class DataFacts:
     config: str | None = None
     title: str | None = None  # a name given by the user (`dataset=`)
     from_registry: bool = False  # a petra_hub data set: the registry holds its input convention
-    eval_split: str = "evaluation"  # the split's name where the data set knows it
+    eval_split: str | None = None  # the split's name where the data set knows it
     example_split: str | None = None
     image_column: str | None = None
     label_column: str | None = None
@@ -163,7 +168,7 @@ def describe_data(train_dataset, eval_dataset) -> DataFacts:
     split is that of the reported eval set (the first of a dict: its own split, else its key)."""
     key, reported = reported_eval_set(eval_dataset)
     train, evaluation = _unwrapped(train_dataset), _unwrapped(reported)
-    facts = DataFacts(eval_split=_split_name(evaluation) or key or "evaluation")
+    facts = DataFacts(eval_split=_split_name(evaluation) or key)
     info = dataset_of(train, evaluation)
     if info is not None:
         try:
@@ -214,6 +219,8 @@ def apply_card_arguments(facts: DataFacts, summary_fields: dict, card_kwargs: di
             facts.dataset_id, facts.more_ids = ids[0], ids[1:]
     if "dataset_args" in given:
         facts.config = ", ".join(_as_list(given["dataset_args"])) or None
+    if "eval_split" in given:
+        facts.eval_split = str(given["eval_split"]).strip() or None
     for key, target in (("language", "language"), ("license", "license"), ("model_name", "model_name"),
                         ("finetuned_from", "base_model")):
         if key in given:
@@ -367,11 +374,12 @@ def _label_names(config, facts: DataFacts) -> list | None:
 
 
 def summarize_trainer(trainer, output_dir: str, **card_kwargs) -> TrainingSummary:
-    """Everything the card of `trainer`'s run says (`card_kwargs`: those of `Trainer.create_model_card`)."""
+    """Everything the card of `trainer`'s run says (`card_kwargs`: those of `Trainer.create_model_card`, over the
+    trainer's own `model_card_kwargs`, where the recipe names its data set and its evaluated split)."""
     args, model, state = trainer.args, trainer.model, trainer.state
     facts = describe_data(trainer.train_dataset, trainer.eval_dataset)
     fields: dict[str, Any] = {}
-    apply_card_arguments(facts, fields, card_kwargs)
+    apply_card_arguments(facts, fields, {**(getattr(trainer, "model_card_kwargs", None) or {}), **card_kwargs})
 
     set_key, _ = reported_eval_set(trainer.eval_dataset)
     set_prefix = "eval_" if set_key is None else f"eval_{set_key}_"

@@ -138,6 +138,7 @@ def prepare(argv: list[str] | None = None) -> Recipe:
         processing_class=data.processor,
         compute_metrics=accuracy,
     )
+    trainer.model_card_kwargs.update(data.card_arguments)  # the set's name and evaluated split, for the model card
     return Recipe(model_args, data_args, args, data, trainer, checkpoint)
 
 

@@ -141,6 +141,7 @@ class RecipeData:
     collator: Callable
     processor: Any
     name: str
+    card_arguments: dict = field(default_factory=dict)  # for the model card: what the data sets cannot tell
 
 
 @dataclass
@@ -235,9 +236,11 @@ def _load_datasets(args: DataArguments, seed: int, splits: set[str], processor) 
 
     data = _open(args)
     eval_split = next((s for s in EVAL_SPLITS if s in data), None)
+    held_out = None  # what the evaluated data is where it is no split of the set (its rows keep split "train")
     if eval_split is None and "train" in data and args.train_val_split and splits & {"eval", "test"}:
         parts = data["train"].train_test_split(test_size=args.train_val_split, seed=seed)  # seeded: same on every rank
         data["train"], data["validation"], eval_split = parts["train"], parts["test"], "validation"
+        held_out = f"held-out {100 * args.train_val_split:g}% of train"
     names = {"train": "train" if "train" in data else None, "eval": eval_split,
              "test": "test" if "test" in data else eval_split}
     for split in sorted(splits):
@@ -291,6 +294,7 @@ def _load_datasets(args: DataArguments, seed: int, splits: set[str], processor) 
         collator=ImageClassificationCollator(label_column),
         processor=processor,
         name=name,
+        card_arguments={"dataset": name, **({"eval_split": held_out or eval_split} if eval_split else {})},
     )
 
 

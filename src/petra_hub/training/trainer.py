@@ -77,6 +77,7 @@ class PetraTrainer(Trainer):
         self._unlogged = LossWindow()  # collected on every rank, not logged yet
         self._model_synced = True  # every rank's `self.model` holds every stage's current weights
         self._last_eval_metrics: dict | None = None
+        self.model_card_kwargs: dict = {}  # create_model_card's arguments for every card (the recipe names its data)
         self._lock = RunLock(args.output_dir)
         self._profile_batch = None  # with petra_partition="auto": the micro-batch the stages are measured on
 
