@@ -201,3 +201,28 @@ def test_a_launch_that_asked_for_more_processes_is_recognised():
     assert requested_processes(["python", "/bin/accelerate", "launch", "--num_processes", "2", "x.py"]) == 2
     assert requested_processes(["python", "/bin/accelerate", "launch", "--num_processes=3", "x.py"]) == 3
     assert requested_processes(["python", "x.py", "--num_processes", "2"]) is None
+    # the config file's count: `--cpu` or a MULTI_CPU config with it once ran one process without a word
+    config = str(Path(__file__).resolve().parents[2] / "accelerate_config.yaml")
+    assert requested_processes(["/bin/accelerate", "launch", "--config_file", config, "--cpu", "x.py"]) == 2
+    assert requested_processes(["/bin/accelerate", "launch", f"--config-file={config}", "x.py"]) == 2
+    assert requested_processes(["/bin/accelerate", "launch", "--config_file", "/no/such.yaml", "x.py"]) is None
+
+
+def test_a_single_process_launch_with_cpu_names_the_flag(monkeypatch):
+    from petra_hub.training import distributed
+
+    config = str(Path(__file__).resolve().parents[2] / "accelerate_config.yaml")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    command = b"\0".join([b"/bin/accelerate", b"launch", b"--config_file", config.encode(), b"--cpu", b"x.py"])
+    real_open = open
+
+    def parent_cmdline(path, *args, **kwargs):
+        if str(path).startswith("/proc/") and str(path).endswith("/cmdline"):
+            import io
+
+            return io.BytesIO(command)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", parent_cmdline)
+    with pytest.raises(RuntimeError, match="--cpu makes it run a single process"):
+        distributed.check_launch()

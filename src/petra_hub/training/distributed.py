@@ -17,22 +17,40 @@ def launched_world_size() -> int:
 
 
 def requested_processes(parent_cmdline: list[str]) -> int | None:
-    """The `--num_processes` an `accelerate launch` command line asked for (None if it is not one, or says none)."""
+    """The processes an `accelerate launch` command line asked for: its `--num_processes`, else the `num_processes`
+    of its `--config_file` (None if it is not such a command, or says none)."""
     words = [w for w in parent_cmdline if w]
     if not any(w.endswith("accelerate") for w in words) or "launch" not in words:
         return None
+    number = _flag_value(words, "num_processes")
+    if number is not None:
+        return int(number)
+    config = _flag_value(words, "config_file")
+    if config is None or not os.path.isfile(config):
+        return None
+    import yaml
+
+    with open(config, encoding="utf-8") as handle:
+        values = yaml.safe_load(handle)
+    number = values.get("num_processes") if isinstance(values, dict) else None
+    return int(number) if isinstance(number, int) else None
+
+
+def _flag_value(words: list[str], name: str) -> str | None:
+    """The value of `--name` (or `--name-with-dashes`) in `words`, as `--flag value` or `--flag=value`."""
     for index, word in enumerate(words):
-        for flag in ("--num_processes", "--num-processes"):
+        for flag in (f"--{name}", f"--{name.replace('_', '-')}"):
             if word == flag and index + 1 < len(words):
-                return int(words[index + 1])
+                return words[index + 1]
             if word.startswith(flag + "="):
-                return int(word.split("=", 1)[1])
+                return word.split("=", 1)[1]
     return None
 
 
 def check_launch() -> None:
     """Refuse a launch that asked for several processes but started one: on a CPU-only machine `accelerate launch
-    --num_processes N` without a multi-process config runs a single process, which would silently hold every stage."""
+    --num_processes N` without a multi-process config, with `--cpu`, or with a `MULTI_CPU` config runs a single
+    process, which would silently hold every stage."""
     if launched_world_size() > 1:
         return
     try:
@@ -41,12 +59,20 @@ def check_launch() -> None:
     except OSError:  # not Linux, or no parent to read: nothing to check
         return
     requested = requested_processes(parent)
-    if requested is not None and requested > 1:
+    if requested is None or requested <= 1:
+        return
+    if "--cpu" in parent:
         raise RuntimeError(
-            f"accelerate launch was asked for {requested} processes but started one (on a machine without GPUs its "
-            "default launcher runs a single process). Launch with the project's multi-process configuration: "
-            f"accelerate launch --config_file accelerate_config.yaml --num_processes {requested} ..."
+            f"accelerate launch was asked for {requested} processes but started one: --cpu makes it run a single "
+            "process. Drop --cpu (petra_hub uses gloo on machines without GPUs by itself): accelerate launch "
+            f"--config_file accelerate_config.yaml --num_processes {requested} ..."
         )
+    raise RuntimeError(
+        f"accelerate launch was asked for {requested} processes but started one (on a machine without GPUs its "
+        "default launcher, and a MULTI_CPU configuration without mpirun, run a single process). Launch with the "
+        f"project's multi-process configuration: accelerate launch --config_file accelerate_config.yaml "
+        f"--num_processes {requested} ..."
+    )
 
 
 def init_distributed(timeout: float) -> bool:
