@@ -20,12 +20,8 @@ from petra_hub.integrations.model_card import render_model_card
 from petra_hub.integrations.model_card_text import FRAMEWORKS
 from petra_hub.testing.models import small_config
 from petra_hub.training import PetraTrainer, PetraTrainingArguments
-from petra_hub.training.card import (
-    CUSTOM_DATASET,
-    describe_data,
-    results_from_log_history,
-    summarize_trainer,
-)
+from petra_hub.training.card import results_from_log_history, summarize_trainer
+from petra_hub.training.card_data import CUSTOM_DATASET, describe_data
 from tests.training.test_trainer import make_trainer
 
 datasets = pytest.importorskip("datasets")

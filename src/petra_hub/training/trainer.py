@@ -38,7 +38,8 @@ from .batches import (
     split_batch,
 )
 from .batches import repeated_first_batch
-from .card import name_labels, record_evaluation, save_run_folder, write_run_card
+from .card import name_labels, save_run_folder, write_run_card
+from .card_data import record_evaluation
 from .checkpoint import PetraState, checkpoint_to_resume, load_best_model, load_stage_states, write_checkpoint
 from .distributed import broadcast_module, check_same_run, check_shared_output_dir, raise_on_every_rank, world_size
 from .evaluation import run_inference
