@@ -29,6 +29,13 @@ def in_graph(outputs: Activation, grads: Activation) -> tuple[list[torch.Tensor]
     return [output for output, _ in pairs], [grad for _, grad in pairs]
 
 
+def backpropagate(outputs: Activation, grad_outputs: Activation) -> None:
+    """Backpropagate `grad_outputs` through those of `outputs` that are part of the graph (`in_graph`)."""
+    tensors, grads = in_graph(outputs, grad_outputs)
+    if tensors:
+        torch.autograd.backward(tensors, grads)
+
+
 def to_device(value: Activation, device: torch.device | None) -> Activation:
     if device is None:
         return value

@@ -18,7 +18,7 @@ from .pending import Pending, stashed_weights
 from .prediction import WeightPredictor
 from .precision import LOW_PRECISION, LossScale, Precision
 from .randomness import capture, drawn_since, reconstruct_replaying, replaying, units
-from .tensors import Activation, as_tuple, detached, in_graph, like
+from .tensors import Activation, as_tuple, backpropagate, detached, like
 from .trace import Trace, timed
 
 UpdateHook = Callable[[int, list[int], nn.Module], None]
@@ -370,13 +370,6 @@ class StageWorker:
 
     def _track_peak(self) -> None:
         self.memory()
-
-
-def backpropagate(outputs: Activation, grad_outputs: Activation) -> None:
-    """Backpropagate `grad_outputs` through those of `outputs` that are part of the graph (`in_graph`)."""
-    tensors, grads = in_graph(outputs, grad_outputs)
-    if tensors:
-        torch.autograd.backward(tensors, grads)
 
 
 def run_stage(worker: StageWorker, router, forward: int | None, backward: int | None, targets: dict, loss_fn,
