@@ -17,6 +17,7 @@ from .precision import Precision
 from .compilation import compile_stage
 from .fidelity import StageFidelity
 from .placement import Placement, replica_of
+from .collectives import disagreements
 from .profiling import StageCost, profile_stages
 from .schedule import Schedule
 from .simulation import Simulation, simulate
@@ -40,6 +41,7 @@ __all__ = [
     "StageGroup",
     "StageWorker",
     "compile_stage",
+    "disagreements",
     "group_sizes",
     "merge_stages",
     "stage_layout",

@@ -1,5 +1,6 @@
-"""What the pipeline ranks do together besides the tick exchange: gathering the stages onto one rank, and the
-averages over data-parallel replicas (gradients before each update, batch-norm statistics at each drain)."""
+"""What the pipeline ranks do together besides the tick exchange: gathering the stages onto one rank, the averages
+over data-parallel replicas (gradients before each update, batch-norm statistics at each drain), and comparing
+what every rank must agree on."""
 
 from __future__ import annotations
 
@@ -66,3 +67,12 @@ def average_buffers(modules: list[nn.Module], group: dist.ProcessGroup, size: in
         for buffer in (b for b in module.buffers() if b.is_floating_point()):
             dist.all_reduce(buffer, group=group)
             buffer /= size
+
+
+def disagreements(mine: dict, group: dist.ProcessGroup | None = None) -> tuple[list[dict], list[str]]:
+    """Every rank's `mine` (gathered over `group`, a collective) and the keys whose values differ between ranks,
+    sorted: the same on every rank, so that each raises the same error."""
+    everyone: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, mine, group=group)
+    keys = {key for other in everyone for key in other}
+    return everyone, sorted(key for key in keys if any(other.get(key) != mine.get(key) for other in everyone))

@@ -8,6 +8,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .batchnorm import frozen_running_stats
+from .collectives import disagreements
 from .errors import PeerFailureError, PipelineError, StageMismatchError
 from .precision import Precision, short_name
 from .randomness import preserved
@@ -64,9 +65,7 @@ def handshake(
 def _handshake(input_spec, stages, router, settings, group, job_group, global_ranks, device, precision) -> None:
     distributed = global_ranks is not None
     if distributed:
-        everyone = [None] * dist.get_world_size(job_group)
-        dist.all_gather_object(everyone, settings, group=job_group)
-        differ = sorted({key for other in everyone for key in settings if other.get(key) != settings[key]})
+        everyone, differ = disagreements(settings, job_group)
         if differ:  # the same text on every rank
             raise StageMismatchError("ranks disagree on " + "; ".join(
                 f"{key} ({', '.join(f'rank {rank}: {other.get(key)!r}' for rank, other in enumerate(everyone))})"

@@ -27,6 +27,7 @@ from safetensors.torch import load_file
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, rotate_checkpoints
 
 from ..engine import Pipeline
+from .distributed import process_rank
 from .rng_state import save_rng_state
 
 PETRA_STATE_NAME = "petra_state.json"
@@ -175,7 +176,7 @@ def save_checkpoint_files(trainer, folder: str, final: str, state: PetraState) -
     os.makedirs(folder, exist_ok=True)
     if trainer.pipeline.replica == 0:
         save_stage_states(folder, trainer.pipeline)
-    save_rng_state(folder, dist.get_rank() if dist.is_initialized() else 0)
+    save_rng_state(folder, process_rank())
     if not trainer.args.should_save:
         return
     state.save(folder)

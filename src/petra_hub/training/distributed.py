@@ -10,6 +10,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from ..engine import disagreements
+
 
 def launched_world_size() -> int:
     """The number of processes the launcher started (1 when run as a plain script)."""
@@ -101,6 +103,11 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
+def process_rank() -> int:
+    """This process's rank in the default group (0 without one)."""
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
 def all_reduce_sum(values: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Sum `values` over all processes (unchanged with one); NCCL needs them on the GPU, gloo on the CPU."""
     if world_size() <= 1:
@@ -168,9 +175,7 @@ def check_same_run(args, data_label: str | None) -> None:
     mine = {f.name: repr(getattr(args, f.name)) for f in dataclasses.fields(args)
             if f.init and f.name not in PER_PROCESS_FIELDS}
     mine["train_dataset"] = repr(data_label)
-    everyone: list = [None] * world_size()
-    dist.all_gather_object(everyone, mine)
-    differ = sorted({key for other in everyone for key in set(mine) | set(other) if other.get(key) != mine.get(key)})
+    everyone, differ = disagreements(mine)
     if differ:
         shown = "; ".join(f"{key}: " + ", ".join(f"rank {rank} {other.get(key)}" for rank, other in enumerate(everyone))
                           for key in differ[:5])
@@ -194,8 +199,7 @@ def check_shared_output_dir(args) -> None:
     dist.barrier()
     unseen = [rank for rank, mark in enumerate(marks) if not os.path.exists(mark)]
     everyone: list = [None] * world_size()
-    dist.all_gather_object(everyone, unseen)
-    dist.barrier()
+    dist.all_gather_object(everyone, unseen)  # returns once every rank has looked: the marks may go
     os.remove(marks[dist.get_rank()])
     blind = {rank: missing for rank, missing in enumerate(everyone) if missing}
     if blind:

@@ -41,7 +41,8 @@ from .batches import repeated_first_batch
 from .card import name_labels, save_run_folder, write_run_card
 from .card_data import record_evaluation
 from .checkpoint import PetraState, checkpoint_to_resume, load_best_model, load_stage_states, write_checkpoint
-from .distributed import broadcast_module, check_same_run, check_shared_output_dir, raise_on_every_rank, world_size
+from .distributed import broadcast_module, check_same_run, check_shared_output_dir, process_rank
+from .distributed import raise_on_every_rank, world_size
 from .evaluation import run_inference
 from .fidelity import GradientFidelityCallback
 from .guards import RunLock, check_finite, preflight
@@ -68,8 +69,7 @@ class PetraTrainer(Trainer):
         self.stages = self._make_stages()
         if args.petra_gradient_fidelity_steps:
             self.add_callback(GradientFidelityCallback(args.petra_gradient_fidelity_steps))
-        world, replicas = world_size(), args.petra_data_parallel
-        self.replica = replica_of(dist.get_rank() if world > 1 else 0, world, replicas)
+        self.replica = replica_of(process_rank(), world_size(), args.petra_data_parallel)
         self.pipeline: Pipeline | None = None
         self._inference: Pipeline | None = None
         self._micro_batches_fed = 0
@@ -216,7 +216,7 @@ class PetraTrainer(Trainer):
         if args.eval_on_start:
             self._evaluate_and_track(trial, ignore_keys_for_eval)
         if resume_from_checkpoint is not None:  # the draws the uninterrupted run would make next
-            restore_rng_state(resume_from_checkpoint, dist.get_rank() if world_size() > 1 else 0, world_size())
+            restore_rng_state(resume_from_checkpoint, process_rank(), world_size())
         while self.state.global_step < max_steps and not self.control.should_training_stop:
             epoch, offset = self._position
             if offset == 0:
