@@ -279,7 +279,7 @@ def test_train_eval_predict_write_the_metrics_files_and_resume_last(tmp_path):
     assert resumed.state.global_step == 6 and (out / "checkpoint-6").is_dir()
     steps = [entry["step"] for entry in resumed.state.log_history]
     assert min(steps) <= 4 < max(steps)  # the history of the first run, continued from checkpoint-4
-    with pytest.raises(FileNotFoundError, match="no checkpoint folder"):
+    with pytest.raises(FileNotFoundError, match="is not a checkpoint folder"):
         recipe.prepare([*argv, "--resume_from_checkpoint", str(tmp_path / "missing")])
 
 

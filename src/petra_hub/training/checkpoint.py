@@ -105,25 +105,27 @@ def publish_checkpoint(staging: str, final: str, num_stages: int) -> None:
         os.replace(staging, final)
 
 
-def checkpoint_to_resume(value: str | bool | None, output_dir: str, num_stages: int) -> str | None:
-    """`train(resume_from_checkpoint=...)`: a folder, or True for the last checkpoint of `output_dir`; checked
-    before transformers reads any of it."""
+def checkpoint_to_resume(value: str | bool | None, output_dir: str, num_stages: int | None = None) -> str | None:
+    """`train(resume_from_checkpoint=...)`: a folder, or True for the last `checkpoint-N` of `output_dir`; None or
+    False to start afresh. With `num_stages`, the folder's files are checked before transformers reads any of it."""
     if value is True:
-        value = get_last_checkpoint(output_dir)
+        value = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
         if value is None:
-            raise ValueError(f"resume_from_checkpoint=True, but output_dir {output_dir!r} holds no checkpoint")
+            raise ValueError(f"resume_from_checkpoint=True, but output_dir {output_dir!r} holds no checkpoint-N "
+                             "folder to resume from (save_strategy 'no' saves none)")
     if not value:
         return None
-    validate_checkpoint(value, num_stages)
-    return value
+    if not os.path.isdir(value):
+        raise FileNotFoundError(f"resume_from_checkpoint {str(value)!r} is not a checkpoint folder")
+    if num_stages is not None:
+        validate_checkpoint(value, num_stages)
+    return str(value)
 
 
 def validate_checkpoint(folder: str, num_stages: int) -> None:
     """Before resuming: every file is there and readable (a truncated file names itself)."""
     from safetensors import safe_open
 
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(f"resume_from_checkpoint {folder!r} is not a folder")
     missing = missing_files(folder, num_stages)
     if missing:
         raise FileNotFoundError(f"checkpoint {folder} is incomplete: it lacks {', '.join(missing[:4])}")

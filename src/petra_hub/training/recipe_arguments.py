@@ -14,11 +14,12 @@ from dataclasses import dataclass, field, fields
 import yaml
 from transformers import HfArgumentParser
 from transformers.hf_argparser import string_to_bool
-from transformers.trainer_utils import IntervalStrategy, SaveStrategy, SchedulerType, get_last_checkpoint
+from transformers.trainer_utils import IntervalStrategy, SaveStrategy, SchedulerType
 from transformers.training_args import OptimizerNames
 
 from ..models.families import family_of_preset, preset_names
 from .arguments import PetraTrainingArguments
+from .checkpoint import checkpoint_to_resume
 from .recipe_data import DataArguments
 
 
@@ -202,16 +203,11 @@ def check_architecture_flags(values: dict) -> None:
 
 
 def resolve_checkpoint(value, output_dir: str) -> str | None:
-    """`resume_from_checkpoint`: a checkpoint folder, or `true` / `last` for the last `checkpoint-N` of
-    `output_dir`; None (or false) to start afresh."""
-    if value is None or value is False or str(value).strip().lower() in ("", "false", "none", "no"):
-        return None
-    if value is True or str(value).strip().lower() in ("true", "last", "yes"):
-        last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
-        if last is None:
-            raise ValueError(f"resume_from_checkpoint={value!r}: there is no checkpoint-N folder in {output_dir!r} "
-                             "to resume from (save_strategy 'no' saves none)")
-        return last
-    if not os.path.isdir(value):
-        raise FileNotFoundError(f"resume_from_checkpoint: no checkpoint folder at {value!r}")
-    return str(value)
+    """`--resume_from_checkpoint`: a checkpoint folder, or `true` / `last` for the last `checkpoint-N` of
+    `output_dir`; `false` (or nothing) to start afresh. The words are the command line's; the rest is the trainer's."""
+    word = str(value).strip().lower() if isinstance(value, str) else None
+    if word in ("", "false", "none", "no"):
+        value = None
+    elif word in ("true", "last", "yes"):
+        value = True
+    return checkpoint_to_resume(value, output_dir)
