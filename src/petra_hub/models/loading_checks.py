@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from itertools import chain
 
 import torch
 
@@ -35,12 +36,16 @@ class CheckedLoadingMixin:
         return loaded
 
 
-def non_finite_tensors(model: torch.nn.Module) -> list[str]:
-    """The names of the floating-point weights and buffers holding NaN or infinity (meta tensors have no values)."""
-    return [
-        name for name, tensor in model.state_dict().items()
-        if tensor.is_floating_point() and tensor.device.type != "meta" and not torch.isfinite(tensor).all()
+def non_finite_tensors(module: torch.nn.Module) -> list[str]:
+    """The names of the floating-point parameters and buffers of `module` holding NaN or infinity (meta tensors have
+    no values)."""
+    named = [
+        (name, tensor) for name, tensor in chain(module.named_parameters(), module.named_buffers())
+        if tensor.is_floating_point() and tensor.device.type != "meta"
     ]
+    if not named or bool(torch.stack([torch.isfinite(t).all() for _, t in named]).all()):  # one device sync
+        return []
+    return [name for name, tensor in named if not bool(torch.isfinite(tensor).all())]
 
 
 def local_config_file(source, kwargs: dict) -> str | None:

@@ -15,18 +15,11 @@ import torch
 import torch.distributed as dist
 
 from ..engine import Pipeline
+from ..models.loading_checks import non_finite_tensors
 from .distributed import world_size
 
 LOCK_NAME = ".petra_run.lock"
 RUN_FILES = ("trainer_state.json", "model.safetensors", "petra_state.json")
-
-
-def non_finite_tensors(module: torch.nn.Module) -> list[str]:
-    """Names of the floating-point parameters and buffers of `module` holding NaN or infinity."""
-    named = [(n, t) for n, t in chain(module.named_parameters(), module.named_buffers()) if t.is_floating_point()]
-    if not named or bool(torch.stack([torch.isfinite(t).all() for _, t in named]).all()):  # one sync per stage
-        return []
-    return [name for name, tensor in named if not bool(torch.isfinite(tensor).all())]
 
 
 def check_finite(pipeline: Pipeline, when: str) -> None:
