@@ -84,6 +84,8 @@ def test_evaluate_takes_the_name_of_one_of_several_eval_sets(tmp_path):
     both = trainer.evaluate()
     one = trainer.evaluate("digits")
     assert one["eval_digits_loss"] == both["eval_digits_loss"] and "eval_again_loss" not in one
+    with pytest.raises(KeyError, match=r"no set of that name \(named sets: 'digits', 'again'\)"):
+        trainer.evaluate("digit")
 
 
 def test_save_model_pushes_with_push_to_hub(tmp_path, monkeypatch):

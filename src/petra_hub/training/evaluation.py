@@ -17,6 +17,14 @@ from .batches import split_batch
 from .distributed import world_size
 
 
+def eval_set_named(eval_dataset, name: str):
+    """`evaluate("name")`: one of a dict of eval data sets, as in Trainer, with an error that lists the names."""
+    if not isinstance(eval_dataset, dict) or name not in eval_dataset:
+        sets = ", ".join(map(repr, eval_dataset)) if isinstance(eval_dataset, dict) else "none"
+        raise KeyError(f"evaluate({name!r}): eval_dataset has no set of that name (named sets: {sets})")
+    return eval_dataset[name]
+
+
 @dataclass
 class InferenceResult:
     logits: np.ndarray | None

@@ -43,7 +43,7 @@ from .card_data import record_evaluation
 from .checkpoint import PetraState, checkpoint_to_resume, load_best_model, load_stage_states, write_checkpoint
 from .distributed import broadcast_module, check_same_run, check_shared_output_dir, process_rank
 from .distributed import raise_on_every_rank, world_size
-from .evaluation import run_inference
+from .evaluation import eval_set_named, run_inference
 from .fidelity import GradientFidelityCallback
 from .guards import RunLock, check_finite, preflight
 from .losses import LossWindow, collect, training_logs
@@ -110,7 +110,7 @@ class PetraTrainer(Trainer):
         """`eval_dataset` may name one of a dict of eval data sets, as in Trainer."""
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if isinstance(dataset, str):
-            dataset = self.eval_dataset[dataset]
+            dataset = eval_set_named(self.eval_dataset, dataset)
         if dataset is None:
             raise ValueError("evaluate() needs an eval_dataset")
         return self.get_test_dataloader(dataset)
@@ -349,7 +349,7 @@ class PetraTrainer(Trainer):
         data sets is evaluated set by set, with prefixes `eval_<name>`."""
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if isinstance(dataset, str):  # the name of one of a dict of eval data sets
-            metric_key_prefix, dataset = f"{metric_key_prefix}_{dataset}", self.eval_dataset[dataset]
+            metric_key_prefix, dataset = f"{metric_key_prefix}_{dataset}", eval_set_named(self.eval_dataset, dataset)
         if isinstance(dataset, dict):
             metrics = {}
             for name, subset in dataset.items():
