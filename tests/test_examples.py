@@ -36,3 +36,5 @@ def test_datasets_image_classification_example(tmp_path):
     assert first["reloaded_max_logit_difference"] < 1e-4  # from_pretrained gives the predicting model back
     assert first["pipeline_label"] == first["predicted_label"]  # pipeline("image-classification") agrees
     assert {"config.json", "model.safetensors", "preprocessor_config.json"} <= set(first["saved_files"])
+    card = (out / "README.md").read_text()
+    assert "scikit-learn digits" in card and "20% stratified test split" in card and "custom data set" not in card
