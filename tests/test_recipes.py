@@ -274,6 +274,7 @@ def test_train_eval_predict_write_the_metrics_files_and_resume_last(tmp_path):
     combined = results(out, "all")
     assert {"train_loss", "eval_accuracy", "predict_accuracy"} <= set(combined)
     assert len((out / "predict_results.txt").read_text().splitlines()) == 1 + 360  # header + the digits test split
+    assert "first 32 of the 360 images of test" in (out / "README.md").read_text()  # not the whole split
 
     resumed, _ = recipe.run([*argv, "--max_steps", "6", "--resume_from_checkpoint", "last", "--do_predict", "false"])
     assert resumed.state.global_step == 6 and (out / "checkpoint-6").is_dir()
@@ -295,6 +296,17 @@ def test_a_datasets_image_label_set_from_a_local_folder(tmp_path, datasets_cache
     assert saved["id2label"]["3"] == "three"
     processor = json.loads((out / "preprocessor_config.json").read_text())
     assert processor["size"] == {"shortest_edge": 16} and processor["crop_size"] == {"height": 16, "width": 16}
+
+
+def test_the_card_names_the_part_of_a_datasets_split_that_was_evaluated(tmp_path, datasets_cache):
+    from petra_hub.training.recipe_data import DataArguments, load_data
+
+    folder = str(write_digits_dataset(tmp_path / "digits-hf"))
+    whole = load_data(DataArguments(dataset_name=folder), seed=0, splits={"eval"})
+    cut = load_data(DataArguments(dataset_name=folder, max_eval_samples=10), seed=0, splits={"eval"})
+    split = whole.card_arguments["eval_split"]
+    assert len(whole.eval) == 24 and split in ("test", "validation")
+    assert len(cut.eval) == 10 and cut.card_arguments["eval_split"] == f"first 10 of the 24 images of {split}"
 
 
 @pytest.mark.parametrize("labels", [[0.0, 1.9, 2.7, 0.5, 1.0, 2.0], [0, 1, -1, 2, 1, 0]])

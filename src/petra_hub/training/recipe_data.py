@@ -202,7 +202,18 @@ def _load_builtin(args: DataArguments, seed: int, splits: set[str]) -> RecipeDat
         collator=collate_image_batch,
         processor=image_processor_for(info, spec.eval_shorter_side),
         name=name,
+        card_arguments=({"eval_split": evaluated_part("test", args.max_eval_samples, len(test))}
+                        if "eval" in splits and is_cut(args.max_eval_samples, len(test)) else {}),
     )
+
+
+def is_cut(limit: int | None, size: int) -> bool:
+    return limit is not None and limit < size
+
+
+def evaluated_part(split: str, limit: int | None, size: int) -> str:
+    """What the card says was evaluated: the split, or the part of it `--max_eval_samples` kept."""
+    return f"first {limit} of the {size} images of {split}" if is_cut(limit, size) else split
 
 
 def _open(args: DataArguments):
@@ -294,7 +305,8 @@ def _load_datasets(args: DataArguments, seed: int, splits: set[str], processor) 
         collator=ImageClassificationCollator(label_column),
         processor=processor,
         name=name,
-        card_arguments={"dataset": name, **({"eval_split": held_out or eval_split} if eval_split else {})},
+        card_arguments={"dataset": name, **({"eval_split": evaluated_part(
+            held_out or eval_split, args.max_eval_samples, len(data[eval_split]))} if eval_split else {})},
     )
 
 
