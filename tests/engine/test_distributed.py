@@ -224,7 +224,7 @@ def _replicas_partitioned(rank, world_size):
         refused = None
     except StageMismatchError as error:
         refused = str(error)
-    return [len(group) for group in pipeline.placement.groups], trained, refused
+    return [len(group) for group in pipeline.placement.groups], trained, refused, pipeline.describe_rank(pipeline.rank)
 
 
 def test_data_parallel_replicas_share_one_automatic_partition(tmp_path):
@@ -242,6 +242,10 @@ def test_data_parallel_replicas_share_one_automatic_partition(tmp_path):
     assert first.keys() == second.keys() == {0}
     assert all(torch.equal(a, b) for a, b in zip(first[0], second[0]))
     assert all("ranks disagree" in (result["value"][2] or "not refused") for result in results)
+    # errors name a process by its global rank, the launcher's, not by its position in its replica's pipeline
+    assert [result["value"][3] for result in results] == [
+        "rank 0 (stage 0)", "rank 1 (stages 1-4)", "rank 2 (pipeline rank 0, stage 0)",
+        "rank 3 (pipeline rank 1, stages 1-4)"]
 
 
 def _kept_on_rank_0_only(rank, world_size):

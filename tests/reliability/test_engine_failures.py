@@ -123,13 +123,13 @@ def test_ranks_out_of_step_say_what_each_was_doing(tmp_path):
         assert first[name].endswith("every rank must be fed the same micro-batches and call end_group, drain, "
                                     "infer and gather_stages at the same points")
     counts = first["counts"]
-    assert "rank 0 runs a drain tick (tick 5, 5 micro-batches fed" in counts
-    assert "rank 1 runs a step tick (tick 5, 6 micro-batches fed" in counts
+    assert "the first runs a drain tick (tick 5, 5 micro-batches fed" in counts
+    assert "the second runs a step tick (tick 5, 6 micro-batches fed" in counts
     drained = first["one_sided_drain"]
     assert "runs a drain tick (tick 3" in drained and "runs gather_stages(dst=0) (after 3 ticks" in drained
     grouped = first["one_sided_end_group"]
-    assert "rank 0 runs a step tick (tick 2, 3 micro-batches fed, 1 in the open accumulation group" in grouped
-    assert "rank 1 runs a step tick (tick 2, 3 micro-batches fed, 0 in the open accumulation group" in grouped
+    assert "the first runs a step tick (tick 2, 3 micro-batches fed, 1 in the open accumulation group" in grouped
+    assert "the second runs a step tick (tick 2, 3 micro-batches fed, 0 in the open accumulation group" in grouped
     # gather_stages with a peer gone: a PeerFailureError naming it, not gloo's bare RuntimeError.
     left = first["peer_left"]
     assert left.startswith("PeerFailureError: rank 0 (stages 0-1) could not"), left

@@ -155,11 +155,11 @@ class Pipeline(Readings):
         self.placement = Placement.for_pipeline(partition, len(self.stages), world)
         self.local = self.placement.groups[self.rank]
         self._global_ranks: list[int] | None = None
-        self.transport = None
         if distributed:
             self._global_ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
-            self.transport = NeighbourTransport(
-                self._global_ranks, group, timeout, self.placement.describe, self.device or torch.device("cpu"))
+        self.describe_rank = functools.partial(self.placement.describe, global_ranks=self._global_ranks)  # for errors
+        self.transport = NeighbourTransport(self._global_ranks, group, timeout, self.describe_rank,
+                                            self.device or torch.device("cpu")) if distributed else None
 
         self.trace = Trace(dist.get_rank() if distributed else 0) if trace else None
         self.kept_graphs = kept_graphs(self.stages, self.mode, self.placement.groups, keep_graphs, memory_budget,
@@ -283,7 +283,7 @@ class Pipeline(Readings):
         self._fed_in_group = 0
         leftovers = self.router.leftovers() + list(self._targets)
         if leftovers or any(w.in_flight for w in self.workers.values()):
-            raise PipelineError(f"drain left work behind on {self.placement.describe(self.rank)}: {leftovers}")
+            raise PipelineError(f"drain left work behind on {self.describe_rank(self.rank)}: {leftovers}")
         self.router.batch_sizes.clear()
         return losses
 
@@ -310,8 +310,8 @@ class Pipeline(Readings):
         with self._guard():
             if self.distributed:
                 self.router.agree(self._moment(GATHER, extra=-1 if dst is None else dst))
-                describe = self.placement.describe
-                gather_stages(self.stages, self.local, self.rank, dst, self.group, self._global_ranks, describe)
+                gather_stages(self.stages, self.local, self.rank, dst, self.group, self._global_ranks,
+                              self.describe_rank)
 
     def state_dict(self) -> dict[int, dict[str, Any]]:
         """This rank's optimizer and LR-scheduler states, keyed by stage index (the weights live in the stages).
@@ -326,7 +326,7 @@ class Pipeline(Readings):
         """Restore what `state_dict` returned (entries of stages on other ranks are ignored)."""
         missing = [index for index in self.workers if index not in state]
         if missing:
-            raise KeyError(f"no saved optimizer state for stage(s) {missing} of {self.placement.describe(self.rank)}")
+            raise KeyError(f"no saved optimizer state for stage(s) {missing} of {self.describe_rank(self.rank)}")
         for index, worker in self.workers.items():
             worker.load_state_dict(state[index])
 

@@ -92,9 +92,13 @@ class Placement:
                 return rank
         raise IndexError(f"stage {stage} is outside a pipeline of {self.num_stages} stages")
 
-    def describe(self, rank: int) -> str:
+    def describe(self, rank: int, global_ranks: list[int] | None = None) -> str:
+        """How errors name pipeline rank `rank`: by its global rank (`global_ranks[rank]`, what the launcher and the
+        logs call it) where that differs, as in a data-parallel replica or a subgroup."""
         group = self.groups[rank]
         stages = f"stage {group.start}" if len(group) == 1 else f"stages {group.start}-{group.stop - 1}"
+        if global_ranks is not None and global_ranks[rank] != rank:
+            return f"rank {global_ranks[rank]} (pipeline rank {rank}, {stages})"
         return f"rank {rank} ({stages})"
 
 

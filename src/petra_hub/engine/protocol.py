@@ -122,8 +122,8 @@ def check(left: Header | None, right: Header | None, left_rank: int, describe: C
     if _position(left) != _position(right):
         group = left.group != right.group
         raise PeerFailureError(
-            f"{names[0]} and {names[1]} are out of step: rank {left_rank} runs {left.describe(group)}, rank "
-            f"{left_rank + 1} runs {right.describe(group)}; {FEEDING_RULE}"
+            f"{names[0]} and {names[1]} are out of step: the first runs {left.describe(group)}, the second "
+            f"runs {right.describe(group)}; {FEEDING_RULE}"
         )
     for micro_batch, a, b in (
         (left.forward, left.forward_batch, right.forward_batch),
