@@ -7,7 +7,7 @@
     pipeline.drain()
 """
 
-from .errors import PeerFailureError, PipelineError, StageMismatchError
+from .errors import PeerFailureError, PipelineError, StageMismatchError, peer_failure
 from .stages import StageGroup, group_sizes, merge_stages, stage_layout
 from .accounting import MemoryStats, StageCounters
 from .modes import Mode
@@ -46,6 +46,7 @@ __all__ = [
     "merge_stages",
     "stage_layout",
     "paper_sgd",
+    "peer_failure",
     "profile_stages",
     "replica_of",
     "simulate",

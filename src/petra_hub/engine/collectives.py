@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .errors import PeerFailureError
+from .errors import peer_failure
 
 
 def gather_stages(
@@ -26,19 +26,13 @@ def gather_stages(
     None). A collective failure (a peer died or left) becomes a PeerFailureError."""
     states = {i: {k: v.detach().cpu() for k, v in stages[i].state_dict().items()} for i in local}
     world = dist.get_world_size(group)
-    try:
+    with peer_failure(f"gather the stages onto {'every rank' if dst is None else describe(dst)}", describe(rank)):
         if dst is None:
             gathered = [None] * world
             dist.all_gather_object(gathered, states, group=group)
         else:
             gathered = [None] * world if rank == dst else None
             dist.gather_object(states, gathered, dst=global_ranks[dst], group=group)
-    except Exception as error:  # gloo raises a bare RuntimeError (DistBackendError) when a peer is gone
-        target = "every rank" if dst is None else describe(dst)
-        raise PeerFailureError(
-            f"{describe(rank)} could not gather the stages onto {target}: a peer process died, stalled or failed "
-            f"({type(error).__name__}: {error})"
-        ) from error
     if gathered is not None:
         for others in gathered:
             for index, state in others.items():

@@ -18,6 +18,21 @@ class StageMismatchError(PipelineError):
     """Two neighbouring stages (or ranks) disagree on the shape, dtype or batch size of the activations between them."""
 
 
+@contextlib.contextmanager
+def peer_failure(doing: str, who: str) -> Iterator[None]:
+    """Turn the bare error a collective raises when a peer is gone (gloo's RuntimeError or DistBackendError, at once
+    or at the process group's timeout) into a PeerFailureError saying who could not do what. Wrap the collective
+    calls alone: any RuntimeError inside is taken for a peer's failure."""
+    try:
+        yield
+    except PipelineError:
+        raise
+    except RuntimeError as error:
+        raise PeerFailureError(
+            f"{who} could not {doing}: a peer process died, stalled or failed ({type(error).__name__}: {error})"
+        ) from error
+
+
 class Breaker:
     """Remembers the first failure inside a pipeline operation. An operation that fails may stop half-way through
     a tick (some stages ran, some messages went out), so the pipeline cannot go on: every later operation raises a

@@ -22,12 +22,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from safetensors.torch import load_file
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, rotate_checkpoints
 
 from ..engine import Pipeline
-from .distributed import process_rank
+from .distributed import barrier, process_rank
 from .rng_state import save_rng_state
 
 PETRA_STATE_NAME = "petra_state.json"
@@ -222,12 +221,10 @@ def write_checkpoint(trainer, run_dir: str, state: PetraState) -> None:
         shutil.rmtree(staging, ignore_errors=True)  # left by a run killed while saving
     trainer.save_model(staging, _internal_call=True)
     save_checkpoint_files(trainer, staging, final, state)
-    if dist.is_initialized():
-        dist.barrier()
+    barrier(f"write their parts of {final}")
     if trainer.args.should_save:
         publish_checkpoint(staging, final, state.num_stages)
         rotate(trainer, run_dir)
     if trainer.args.push_to_hub:
         trainer._push_from_checkpoint(final)
-    if dist.is_initialized():
-        dist.barrier()
+    barrier(f"see {final} published")

@@ -10,7 +10,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from ..engine import disagreements
+from ..engine import disagreements, peer_failure
 
 
 def launched_world_size() -> int:
@@ -108,12 +108,26 @@ def process_rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
+def together(doing: str):
+    """Around a trainer-level collective: a peer that died or stalled becomes a PeerFailureError saying what this
+    process was doing, instead of gloo's bare error."""
+    return peer_failure(doing, f"process {process_rank()}")
+
+
+def barrier(doing: str) -> None:
+    """Wait until every process is here (nothing to wait for with one); `doing` says for what, in the error."""
+    if dist.is_initialized():
+        with together(f"wait for the other processes to {doing}"):
+            dist.barrier()
+
+
 def all_reduce_sum(values: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Sum `values` over all processes (unchanged with one); NCCL needs them on the GPU, gloo on the CPU."""
     if world_size() <= 1:
         return values
     reduced = values.to(device if dist.get_backend() == "nccl" else torch.device("cpu"))
-    dist.all_reduce(reduced)
+    with together("sum the logged values over the processes"):
+        dist.all_reduce(reduced)
     return reduced.cpu()
 
 
@@ -128,7 +142,8 @@ def broadcast_module(module: torch.nn.Module, src: int = 0) -> None:
         by_kind.setdefault((tensor.dtype, tensor.device), []).append(tensor)
     for group in by_kind.values():
         flat = torch.cat([t.detach().reshape(-1) for t in group])
-        dist.broadcast(flat, src=src)
+        with together(f"share the initial weights of process {src}"):
+            dist.broadcast(flat, src=src)
         offset = 0
         with torch.no_grad():
             for tensor in group:
@@ -147,7 +162,8 @@ def raise_on_every_rank():
         error = caught
     if world_size() > 1:
         messages = [None] * dist.get_world_size()
-        dist.all_gather_object(messages, None if error is None else f"{type(error).__name__}: {error}")
+        with together("hear whether every process passed its start-up checks"):
+            dist.all_gather_object(messages, None if error is None else f"{type(error).__name__}: {error}")
         failed = [(rank, m) for rank, m in enumerate(messages) if m is not None]
         if failed and error is None:
             rank, message = failed[0]
@@ -175,7 +191,8 @@ def check_same_run(args, data_label: str | None) -> None:
     mine = {f.name: repr(getattr(args, f.name)) for f in dataclasses.fields(args)
             if f.init and f.name not in PER_PROCESS_FIELDS}
     mine["train_dataset"] = repr(data_label)
-    everyone, differ = disagreements(mine)
+    with together("compare its training arguments with the other processes'"):
+        everyone, differ = disagreements(mine)
     if differ:
         shown = "; ".join(f"{key}: " + ", ".join(f"rank {rank} {other.get(key)}" for rank, other in enumerate(everyone))
                           for key in differ[:5])
@@ -191,15 +208,17 @@ def check_shared_output_dir(args) -> None:
     if world_size() <= 1 or args.save_strategy == "no":
         return
     token = [os.urandom(8).hex() if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(token)
+    with together("agree on a mark to leave in output_dir"):
+        dist.broadcast_object_list(token)
     marks = [os.path.join(args.output_dir, f".petra-shared-{token[0]}-{rank}") for rank in range(world_size())]
     os.makedirs(args.output_dir, exist_ok=True)
     with open(marks[dist.get_rank()], "w", encoding="utf-8"):
         pass
-    dist.barrier()
+    barrier("leave their marks in output_dir")
     unseen = [rank for rank, mark in enumerate(marks) if not os.path.exists(mark)]
     everyone: list = [None] * world_size()
-    dist.all_gather_object(everyone, unseen)  # returns once every rank has looked: the marks may go
+    with together("compare which marks in output_dir the processes see"):
+        dist.all_gather_object(everyone, unseen)  # returns once every rank has looked: the marks may go
     os.remove(marks[dist.get_rank()])
     blind = {rank: missing for rank, missing in enumerate(everyone) if missing}
     if blind:

@@ -14,7 +14,7 @@ from transformers.trainer_utils import EvalPrediction, speed_metrics
 
 from ..engine import Pipeline
 from .batches import split_batch
-from .distributed import world_size
+from .distributed import together, world_size
 
 
 def eval_set_named(eval_dataset, name: str):
@@ -68,7 +68,8 @@ def run_inference(
         result = InferenceResult(all_logits if keep_outputs else None, all_labels if keep_outputs else None, metrics)
     if world_size() > 1:
         holder = [result]
-        dist.broadcast_object_list(holder, src=pipeline.last_stage_rank)
+        with together(f"receive the {prefix} results from the last stage's process"):
+            dist.broadcast_object_list(holder, src=pipeline.last_stage_rank)
         result = holder[0]
     result.metrics.update(speed_metrics(prefix, start, num_samples=seen, num_steps=batches))
     result.metrics = {

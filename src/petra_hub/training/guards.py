@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from ..engine import Pipeline
 from ..models.loading_checks import non_finite_tensors
-from .distributed import world_size
+from .distributed import together, world_size
 
 LOCK_NAME = ".petra_run.lock"
 RUN_FILES = ("trainer_state.json", "model.safetensors", "petra_state.json")
@@ -32,7 +32,8 @@ def check_finite(pipeline: Pipeline, when: str) -> None:
             break
     if world_size() > 1:
         problems = [None] * dist.get_world_size()
-        dist.all_gather_object(problems, problem)
+        with together(f"agree that every stage's weights are finite {when}"):
+            dist.all_gather_object(problems, problem)
         problem = next((p for p in problems if p), None)
     if problem:
         raise FloatingPointError(

@@ -19,7 +19,6 @@ import os
 import time
 
 import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
 from transformers import Trainer
 from transformers.trainer_callback import ExportableState, TrainerState
@@ -42,7 +41,7 @@ from .card import name_labels, save_run_folder, write_run_card
 from .card_data import record_evaluation
 from .checkpoint import PetraState, checkpoint_to_resume, load_best_model, load_stage_states, write_checkpoint
 from .distributed import broadcast_module, check_same_run, check_shared_output_dir, process_rank
-from .distributed import raise_on_every_rank, world_size
+from .distributed import barrier, raise_on_every_rank, world_size
 from .evaluation import eval_set_named, run_inference
 from .fidelity import GradientFidelityCallback
 from .guards import RunLock, check_finite, preflight
@@ -381,8 +380,7 @@ class PetraTrainer(Trainer):
         name_labels(self)  # every rank: LABEL_i become the data set's class names
         if self.args.should_save:
             save_run_folder(self, output_dir)
-        if dist.is_initialized():
-            dist.barrier()
+        barrier(f"save the model to {output_dir}")
         if self.args.push_to_hub and not _internal_call:  # as Trainer.save_model does
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
