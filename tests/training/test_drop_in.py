@@ -75,6 +75,26 @@ def test_eval_on_start_and_the_best_model_loaded_at_the_end(tmp_path):
     assert all(torch.equal(current[name], tensor) for name, tensor in saved.items())
 
 
+def test_the_evaluation_on_start_is_no_candidate_for_the_best_model(tmp_path):
+    """As in Trainer: where the untrained model scores best, the best model is still a checkpoint's (it used to be
+    step 0's, which no checkpoint holds, so nothing was loaded at the end and rotation deleted the real best)."""
+    scores = []
+
+    def falling_score(prediction):  # the best at step 0, then worse at every evaluation
+        scores.append(-len(scores))
+        return {"score": scores[-1]}
+
+    trainer = make_trainer(tmp_path, eval_on_start=True, eval_strategy="steps", eval_steps=2, save_strategy="steps",
+                           save_steps=2, save_total_limit=2, load_best_model_at_end=True, metric_for_best_model="score")
+    trainer.compute_metrics = falling_score
+    trainer.train()
+    assert scores == [0, -1, -2, -3]
+    assert trainer.state.best_global_step == 2 and trainer.state.best_metric == -1
+    assert trainer.state.best_model_checkpoint == str(tmp_path / "checkpoint-2")
+    saved = load_file(str(tmp_path / "checkpoint-2" / "model.safetensors"))
+    assert all(torch.equal(trainer.model.state_dict()[name], tensor) for name, tensor in saved.items())
+
+
 def test_hub_strategy_every_save_pushes_each_checkpoint(tmp_path, monkeypatch):
     from huggingface_hub import HfApi, RepoUrl
 

@@ -212,8 +212,8 @@ class PetraTrainer(Trainer):
         fed_at_start = self._micro_batches_fed
 
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
-        if args.eval_on_start:
-            self._evaluate_and_track(trial, ignore_keys_for_eval)
+        if args.eval_on_start:  # as in Trainer, not a candidate for the best model (no checkpoint holds it)
+            self.evaluate(ignore_keys=ignore_keys_for_eval)
         if resume_from_checkpoint is not None:  # the draws the uninterrupted run would make next
             restore_rng_state(resume_from_checkpoint, process_rank(), world_size())
         while self.state.global_step < max_steps and not self.control.should_training_stop:
