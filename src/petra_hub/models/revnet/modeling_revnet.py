@@ -52,11 +52,13 @@ def residual_function(
             conv_bn_relu(in_width, hidden, 3, stride, config),
             conv_bn_relu(hidden, out_width, 3, 1, config),
         )
-    return nn.Sequential(
-        conv_bn_relu(in_width, hidden, 1, 1, config),
-        conv_bn_relu(hidden, hidden, 3, stride, config),
-        conv_bn_relu(hidden, out_width, 1, 1, config),
-    )
+    if block_type == "bottleneck":
+        return nn.Sequential(
+            conv_bn_relu(in_width, hidden, 1, 1, config),
+            conv_bn_relu(hidden, hidden, 3, stride, config),
+            conv_bn_relu(hidden, out_width, 1, 1, config),
+        )
+    raise ValueError(f"Invalid RevNetConfig: block_type must be 'basic' or 'bottleneck', got {block_type!r}")
 
 
 class RevNetStem(nn.Module):
@@ -74,8 +76,10 @@ class RevNetStem(nn.Module):
                 nn.ReLU(),
                 nn.MaxPool2d(3, stride=2, padding=1),
             )
-        else:
+        elif config.stem == "cifar":
             self.layers = conv_bn_relu(config.num_channels, width, 3, 1, config)
+        else:
+            raise ValueError(f"Invalid RevNetConfig: stem must be 'cifar' or 'imagenet', got {config.stem!r}")
 
     def forward(self, pixel_values: torch.Tensor) -> Streams:
         first, second = self.layers(pixel_values).chunk(2, dim=1)
@@ -193,16 +197,18 @@ def build_blocks(config: RevNetConfig) -> tuple[list[nn.Module], int]:
     """The blocks between stem and head, and the width of each stream after the last one."""
     blocks: list[nn.Module] = []
     width = config.embedding_size
-    invertible = config.downsampling == "invertible"
     for depth, layer_width, stride in zip(config.depths, config.hidden_sizes, config.layer_strides):
         hidden = layer_width if config.block_type == "basic" else layer_width // 4
         for index in range(depth):
             transition = index == 0 and (stride != 1 or width != layer_width)
             if not transition:
                 blocks.append(ReversibleBlock(config, width, hidden))
-            elif not invertible:
+            elif config.downsampling == "buffered":
                 blocks.append(DownsampleBlock(config, width, layer_width, stride))
                 width = layer_width
+            elif config.downsampling != "invertible":
+                raise ValueError(f"Invalid RevNetConfig: downsampling must be 'buffered' or 'invertible', "
+                                 f"got {config.downsampling!r}")
             elif stride == 2:
                 width *= 4
                 blocks.append(ReversibleBlock(config, width, hidden, squeeze=True))
@@ -217,6 +223,11 @@ class RevNetPreTrainedModel(CheckedLoadingMixin, PreTrainedModel):
     base_model_prefix = "revnet"
     main_input_name = "pixel_values"
     input_modalities = ("image",)
+
+    def __init__(self, config: RevNetConfig, *inputs, **kwargs):
+        # from_pretrained(..., stem=...) sets keyword overrides on the config after the config checked itself.
+        config.validate_architecture()
+        super().__init__(config, *inputs, **kwargs)
 
     @torch.no_grad()
     def _init_weights(self, module):

@@ -166,6 +166,11 @@ class RevViTPreTrainedModel(CheckedLoadingMixin, PreTrainedModel):
     main_input_name = "pixel_values"
     input_modalities = ("image",)
 
+    def __init__(self, config: RevViTConfig, *inputs, **kwargs):
+        # from_pretrained(..., drop_path_rate=...) sets keyword overrides on the config after it checked itself.
+        config.validate_architecture()
+        super().__init__(config, *inputs, **kwargs)
+
     @torch.no_grad()
     def _init_weights(self, module):
         super()._init_weights(module)
