@@ -10,7 +10,6 @@ mean and std), a collator that builds `pixel_values` and `labels`, label names f
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -27,14 +26,17 @@ from ..data import (
     load_image_dataset,
     take,
 )
+from .recipe_checks import check_class_indices, label_names_of, normalisation
 
 __all__ = [
     "ApplyTransform",
     "DataArguments",
     "ImageClassificationCollator",
     "RecipeData",
+    "check_class_indices",
     "image_transforms",
     "load_data",
+    "normalisation",
 ]
 
 IMAGE_COLUMNS = ("image", "img")  # tried, in order, when --image_column_name is left at its default and is absent
@@ -262,17 +264,7 @@ def _load_datasets(args: DataArguments, seed: int, splits: set[str], processor) 
     image_column = _column(reference.features, args.image_column_name, "image", IMAGE_COLUMNS, datasets.Image, "image")
     label_column = _column(reference.features, args.label_column_name, "label", LABEL_COLUMNS, datasets.ClassLabel,
                            "label")
-    feature = reference.features[label_column]
-    if isinstance(feature, datasets.ClassLabel):
-        label_names = list(feature.names)
-    else:  # plain integers (names "0".."n-1") or strings (sorted, then encoded the same way in every split)
-        values = sorted({value for split in data.values() for value in split[label_column]})
-        if all(isinstance(v, str) for v in values):
-            label_names = values
-            data = data.cast_column(label_column, datasets.ClassLabel(names=values))
-        else:
-            check_class_indices(values, label_column)
-            label_names = [str(i) for i in range(int(max(values)) + 1)]
+    data, label_names = label_names_of(data, reference.features[label_column], label_column)
 
     if args.image_size:
         size = args.image_size
@@ -307,35 +299,4 @@ def _load_datasets(args: DataArguments, seed: int, splits: set[str], processor) 
         name=name,
         card_arguments={"dataset": name, **({"eval_split": evaluated_part(
             held_out or eval_split, args.max_eval_samples, len(data[eval_split]))} if eval_split else {})},
-    )
-
-
-def check_class_indices(values: list, column: str) -> None:
-    """Plain label values must be class indices: integers from 0 (floats are refused, never truncated)."""
-    wrong = [v for v in values if isinstance(v, bool) or not isinstance(v, int) or v < 0]
-    if wrong:
-        raise ValueError(f"label column {column!r} holds {wrong[:4]}: class labels must be integers from 0 (or "
-                         "strings, or a ClassLabel feature); floats are never truncated")
-
-
-def normalisation(processor) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """The processor's `image_mean` / `image_std` (ImageNet's without a processor), checked: one finite number per
-    channel (1 or 3), every std positive."""
-    imagenet = dataset_spec("imagenet").info
-    mean = getattr(processor, "image_mean", None) or imagenet.mean
-    std = getattr(processor, "image_std", None) or imagenet.std
-    for name, values in (("image_mean", mean), ("image_std", std)):
-        numbers = values if isinstance(values, (list, tuple)) else [values]
-        if len(numbers) not in (1, 3) or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in numbers):
-            raise ValueError(
-                f"the image processor's {name} must be 1 or 3 finite numbers (one per channel), got {values!r} "
-                "(check preprocessor_config.json)"
-            )
-        if name == "image_std" and not all(v > 0 for v in numbers):
-            raise ValueError(
-                f"the image processor's image_std must be positive, got {values!r} (check preprocessor_config.json)"
-            )
-    return (
-        tuple(mean) if isinstance(mean, (list, tuple)) else (mean,) * 3,
-        tuple(std) if isinstance(std, (list, tuple)) else (std,) * 3,
     )

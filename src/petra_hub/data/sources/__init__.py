@@ -22,7 +22,8 @@ when no ``data_dir`` is given) and :mod:`.safe_io` (size-capped reads, tar membe
 
 Labels are checked by :func:`int_labels` (a flat list or 1-D array of integers, never
 a float rounded or truncated, nothing converted before its length is known) and
-:func:`check_label_range`.
+:func:`check_label_range`; the number of classes a data set may declare (one output of the
+model each) by :func:`check_class_count`.
 """
 
 from __future__ import annotations
@@ -43,6 +44,18 @@ class LocalReader(Protocol):
     layout: str
 
     def __call__(self, spec: DatasetSpec, split: str, data_dir: str | None) -> Loaded: ...
+
+
+# The most classes a data set may declare: each is an output of the classifier, so a file naming a huge class index
+# (or declaring a huge ClassLabel) would make the model allocate that many rows. ImageNet-21k has 21,841.
+MAX_CLASSES = 100_000
+
+
+def check_class_count(count: int, where: str) -> None:
+    """ValueError naming ``where`` when a data set would make more than ``MAX_CLASSES`` classes."""
+    if count > MAX_CLASSES:
+        raise ValueError(f"{where}: {count:,} classes, more than the {MAX_CLASSES:,} supported (each class is an "
+                         "output of the classifier)")
 
 
 def pil_to_uint8(img) -> torch.Tensor:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import check_label_range, int_labels, pil_to_uint8
+from . import check_class_count, check_label_range, int_labels, pil_to_uint8
 
 if TYPE_CHECKING:
     from ..registry import DatasetSpec
@@ -73,6 +73,7 @@ def load_hub(spec: DatasetSpec, split: str, hub_id: str) -> Loaded:
                          f"label column ({'/'.join(label_pref)}), found {list(feats)}")
     info = spec.info
     if isinstance(feats[label_col], datasets.ClassLabel):
+        check_class_count(feats[label_col].num_classes, f"{where}: column {label_col!r} (a ClassLabel)")
         names = tuple(feats[label_col].names)
         info = replace(info, num_labels=len(names), label_names=names)
     raw = ds.select_columns([label_col]).with_format("numpy")[:][label_col]
