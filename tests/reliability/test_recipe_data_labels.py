@@ -49,3 +49,8 @@ def test_a_class_label_with_too_many_classes_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr("petra_hub.data.sources.MAX_CLASSES", 4)
     with pytest.raises(ValueError, match=r"label column 'label' \(a ClassLabel\): 5 classes, more than the 4 "):
         _load(_saved(tmp_path, [0, 1], datasets.ClassLabel(names=list("abcde"))))
+
+
+def test_an_empty_label_cell_is_refused_naming_the_column_and_row(tmp_path):
+    with pytest.raises(ValueError, match=r"label column 'label' has an empty cell at row 2 of split 'train'"):
+        _load(_saved(tmp_path, [0, 1, None, 1]))

@@ -25,7 +25,13 @@ def label_names_of(data, feature, label_column: str):
     if isinstance(feature, datasets.ClassLabel):
         check_class_count(feature.num_classes, f"label column {label_column!r} (a ClassLabel)")
         return data, list(feature.names)
-    values = {value for split in data.values() for value in split[label_column]}
+    values = set()
+    for name, split in data.items():
+        for row, value in enumerate(split[label_column]):
+            if value is None:
+                raise ValueError(f"label column {label_column!r} has an empty cell at row {row} of split {name!r}: "
+                                 "every image needs a label (a class index from 0, a string or a ClassLabel)")
+            values.add(value)
     if values and all(isinstance(v, str) for v in values):
         names = sorted(values)
         check_class_count(len(names), f"label column {label_column!r} ({len(names):,} distinct strings)")
