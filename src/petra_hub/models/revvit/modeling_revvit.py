@@ -159,6 +159,30 @@ class RevViTHead(nn.Module):
         return self.classifier(self.pooler(streams)[1])
 
 
+IGNORE_INDEX = -100  # transformers' cross-entropy skips the items labelled so
+
+
+def check_labels(labels: torch.Tensor, logits: torch.Tensor, config) -> None:
+    """Raise a ValueError unless `labels` fit `logits`: one entry per image, and for single-label classification
+    (`config.problem_type`, else inferred as transformers' loss does) class indices or IGNORE_INDEX."""
+    if labels.shape[0] != logits.shape[0]:
+        raise ValueError(f"labels has {labels.shape[0]} entries for a batch of {logits.shape[0]} images")
+    problem_type = config.problem_type
+    if problem_type is None and config.num_labels > 1 and labels.dtype in (torch.long, torch.int):
+        problem_type = "single_label_classification"
+    if problem_type != "single_label_classification" or labels.is_floating_point():
+        return
+    counted = labels[labels != IGNORE_INDEX]
+    if counted.numel() == 0:
+        return
+    low, high = int(counted.min()), int(counted.max())
+    if low < 0 or high >= config.num_labels:
+        raise ValueError(
+            f"labels must lie in [0, {config.num_labels - 1}] (config.num_labels={config.num_labels}), got values "
+            f"in [{low}, {high}] ({IGNORE_INDEX} marks an image the loss ignores)"
+        )
+
+
 class RevViTPreTrainedModel(CheckedLoadingMixin, PreTrainedModel):
     config_class = RevViTConfig
     config: RevViTConfig
@@ -254,13 +278,7 @@ class RevViTForImageClassification(RevViTPreTrainedModel):
         return [*self.revvit.get_stages(), RevViTHead(self.revvit.pooler, self.classifier)]
 
     def compute_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        if labels.shape[0] != logits.shape[0]:
-            raise ValueError(f"labels has {labels.shape[0]} entries for a batch of {logits.shape[0]} images")
-        if not labels.is_floating_point() and self.config.num_labels > 1:
-            low, high = int(labels.min()), int(labels.max())
-            if low < 0 or high >= self.config.num_labels:
-                raise ValueError(f"labels must lie in [0, {self.config.num_labels - 1}] (config.num_labels="
-                                 f"{self.config.num_labels}), got values in [{low}, {high}]")
+        check_labels(labels, logits, self.config)
         return self.loss_function(labels, logits, self.config)
 
     def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None,
