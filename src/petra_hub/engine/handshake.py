@@ -14,14 +14,23 @@ from .precision import Precision, short_name
 from .randomness import preserved
 from .routing import Router, empty_like_spec
 from .tensors import Activation, as_tuple
-from .transport import ActivationSpec
+from .transport import ActivationSpec, describe_value
+
+
+DRY_RUN_BATCH = 2  # samples of the zero batch the handshake runs the stages on
 
 
 def input_spec_of(inputs: Activation) -> ActivationSpec:
     tensors = as_tuple(inputs) if isinstance(inputs, (tuple, torch.Tensor)) else ()
     if not tensors or not all(torch.is_tensor(t) for t in tensors):
         raise ValueError(f"pipeline inputs must be a tensor or a tuple of tensors, got {type(inputs).__name__}")
-    return ActivationSpec.of(inputs)
+    try:
+        if tensors[0].dim() == 0:
+            raise ValueError(f"{describe_value(inputs)}, without a batch dimension")
+        return ActivationSpec.of(inputs, batch=tensors[0].shape[0])
+    except ValueError as error:
+        raise ValueError(f"pipeline inputs must have the batch as the first dimension of every tensor, got {error}") \
+            from None
 
 
 def check_same_spec(spec: ActivationSpec, first: ActivationSpec) -> None:
@@ -101,7 +110,7 @@ def dry_run(
     changing any state (running statistics and the random generators included); record each output spec in
     `specs`. Returns (the last output spec, None) or (None, a description of the first mismatch)."""
     precision = precision or Precision()
-    value = empty_like_spec(spec, 2, device or torch.device("cpu"))
+    value = empty_like_spec(spec, DRY_RUN_BATCH, device or torch.device("cpu"))
     for index in local:
         stage = stages[index]
         previous = f"stage {index - 1} ({type(stages[index - 1]).__name__})" if index else "the input"
@@ -117,7 +126,11 @@ def dry_run(
         except Exception as error:  # any failure here is a mismatch between the two stages
             return None, f"{here} cannot take the output of {previous}, {spec.describe()}: {error}"
         if index < len(stages) - 1:
-            spec = ActivationSpec.of(value)
+            try:  # what crosses a boundary is batch-major: its size follows from the batch (see `routing`)
+                spec = ActivationSpec.of(value, batch=DRY_RUN_BATCH)
+            except ValueError as error:
+                return None, (f"{here} returns {error} (a dry run on {DRY_RUN_BATCH} samples): every tensor a stage "
+                              "passes on must have the batch as its first dimension")
             specs[index] = spec
     return spec, None
 

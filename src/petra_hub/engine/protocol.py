@@ -6,8 +6,10 @@ tick, a drain tick, an inference, a gather, a reference pass), at which tick, af
 which micro-batch of how many samples each expects to cross their boundary in each direction. Both ends fill the
 same fields from their own state, so in a consistent run the two headers are equal. Both ends then compare the same
 pair of headers with the same function (`check`), so a disagreement raises the same error, with the same text, on
-both ranks, and no payload of an unexpected size is ever posted (gloo aborts the process on a longer message and
-leaves the buffer's tail unwritten on a shorter).
+both ranks. With the sender's own check of every payload against the handshake's spec of its boundary (batch first,
+the same per-sample shapes and dtypes, the byte count the receiver derives: `Router.check_sent`), no payload of an
+unexpected size is ever posted (gloo aborts the process on a longer message and leaves the buffer's tail unwritten
+on a shorter).
 """
 
 from __future__ import annotations

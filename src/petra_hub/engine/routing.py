@@ -4,6 +4,12 @@ Both ends derive from the schedule which micro-batch flows at each tick, and fro
 of each boundary (`specs`). Before the payloads, neighbouring ranks swap a fixed-size header (`protocol`) that
 confirms they agree on all of it, batch sizes included. A stage gets its own output back (with the gradient) only
 when it rebuilds its input from it.
+
+Every value a stage sends (to a stage of this rank or of another) must match the boundary's spec: the same
+structure, dtypes and per-sample shapes, with the micro-batch's samples first. The sender compares shapes (never
+data) and raises a StageMismatchError naming the stage before anything is posted, in one process as in many, so a
+stage whose output changes after the handshake can neither make gloo abort the receiver nor leave part of its
+buffer unwritten.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from typing import Any
 
 import torch
 
+from .errors import StageMismatchError
 from .messages import Part, decode, encode, message_bytes, round_trip
 from .protocol import HEADER_LENGTH, Header, Moment, check, header_for
 from .schedule import Schedule
@@ -20,6 +27,7 @@ from .tensors import Activation, as_tuple
 from .transport import ActivationSpec, Incoming, NeighbourTransport, Outgoing, Posted
 
 FORWARD_TAG, BACKWARD_TAG, INFER_TAG, HEADER_TAG, PROBE_FORWARD_TAG, PROBE_BACKWARD_TAG = 1, 2, 3, 4, 5, 6
+_OUTPUT, _BACKWARD = ("its output",), ("its rebuilt input", "the gradient of its input")  # what a stage sends
 
 
 class Router:
@@ -76,21 +84,54 @@ class Router:
 
     def send_forward(self, index: int, micro_batch: int, outputs: Activation, outgoing: list[Outgoing]) -> None:
         parts = self.forward_parts(index)
+        batch = self.batch_sizes[micro_batch]
+        self.check_sent(index, [outputs], parts, batch, f"micro-batch {micro_batch}", _OUTPUT)
         if index + 1 in self.local:
             (self._mail[(index + 1, "forward")][micro_batch],) = round_trip([outputs], parts)
         else:
-            outgoing.append(Outgoing(self.rank + 1, FORWARD_TAG, encode([outputs], parts)))
+            outgoing.append(Outgoing(self.rank + 1, FORWARD_TAG, self._encode(index, [outputs], parts, batch)))
 
     def send_backward(self, index: int, micro_batch: int, inputs, grad_inputs, outgoing: list[Outgoing]) -> None:
         if index == 0:
             return
         parts = self.backward_parts(index - 1)
         values = [inputs, grad_inputs] if self.reconstructs[index - 1] else [grad_inputs]
+        batch = self.batch_sizes[micro_batch]
+        self.check_sent(index, values, parts, batch, f"micro-batch {micro_batch}", _BACKWARD[-len(values):])
         if index - 1 in self.local:
             values = round_trip(values, parts)
             self._mail[(index - 1, "backward")][micro_batch] = _returned_and_gradient(values)
         else:
-            outgoing.append(Outgoing(self.rank - 1, BACKWARD_TAG, encode(values, parts)))
+            outgoing.append(Outgoing(self.rank - 1, BACKWARD_TAG, self._encode(index, values, parts, batch)))
+
+    def check_sent(self, index: int, values: list[Activation], parts: list[Part], batch: int, which: str,
+                   names: tuple[str, ...]) -> None:
+        """Raise a StageMismatchError naming stage `index` if a value it sends (`values`, laid out as `parts`; what
+        each is: `names`) is not what the handshake recorded for its boundary, with `batch` samples first. Compares
+        shapes and dtypes only: it runs for every message."""
+        for value, part, what in zip(values, parts, names):
+            found = part.spec.mismatch(value, batch)
+            if found is None:
+                continue
+            raise StageMismatchError(
+                f"{self._stage(index)} sends {what} for {which} ({batch} samples) as {found}, but the start-up "
+                f"handshake recorded {part.spec.describe()} for it (B = {batch}): a stage must return the same "
+                "structure, dtypes and per-sample shapes for every micro-batch, with the batch as the first dimension "
+                "of every tensor"
+            )
+
+    def _encode(self, index: int, values: list[Activation], parts: list[Part], batch: int):
+        """`encode`, after `check_sent`; the byte count the receiver expects is confirmed before the buffer goes."""
+        buffer = encode(values, parts)
+        expected = message_bytes(parts, batch)
+        if buffer.numel() != expected:
+            raise StageMismatchError(f"{self._stage(index)} would send {buffer.numel()} bytes where its neighbour "
+                                     f"expects {expected}")
+        return buffer
+
+    def _stage(self, index: int) -> str:
+        """How errors name a stage: with its rank when there are several."""
+        return f"stage {index}" + (f" on {self.transport.describe(self.rank)}" if self.transport else "")
 
     def waiting(self, index: int) -> list[torch.Tensor]:
         """The tensors of the messages delivered to stage `index` and not yet consumed: its device holds them."""
@@ -200,11 +241,14 @@ class Router:
     def send_alone(self, side: str, tag: int, values: list[Activation], parts: list[Part], batch: int,
                    moment: Moment) -> None:
         """The counterpart of `receive_alone` on the neighbouring rank on `side`."""
+        index = self.local.stop - 1 if side == "right" else self.local.start
+        self.check_sent(index, values, parts, batch, "the inference batch" if tag == INFER_TAG else "the probe",
+                        _OUTPUT if side == "right" else _BACKWARD[-1:])
+        buffer = self._encode(index, values, parts, batch)
         deadline = self.transport.deadline()
         self.agree(moment, side, batch, deadline)
         peer = self.rank - 1 if side == "left" else self.rank + 1
-        self.transport.exchange(self.rank, [Outgoing(peer, tag, encode(values, parts))], [], moment.global_tick,
-                                deadline)
+        self.transport.exchange(self.rank, [Outgoing(peer, tag, buffer)], [], moment.global_tick, deadline)
 
 def _returned_and_gradient(values: list) -> tuple:
     """(the input sent back for reconstruction or None, the gradient) from a backward message's parts."""

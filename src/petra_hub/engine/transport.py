@@ -39,9 +39,28 @@ class ActivationSpec:
     is_tuple: bool
 
     @classmethod
-    def of(cls, value: Activation) -> "ActivationSpec":
-        specs = tuple(TensorSpec(tuple(t.shape[1:]), t.dtype) for t in as_tuple(value))
+    def of(cls, value: Activation, batch: int | None = None) -> "ActivationSpec":
+        """The spec of `value`, a tensor or a tuple of tensors whose first dimension is the batch (`batch`
+        samples when given: a ValueError says which tensor is not batch-major)."""
+        tensors = as_tuple(value)
+        if not tensors or not all(isinstance(t, torch.Tensor) for t in tensors):
+            raise ValueError(f"{describe_value(value)}, not a tensor or a tuple of tensors")
+        if batch is not None and any(t.dim() == 0 or t.shape[0] != batch for t in tensors):
+            raise ValueError(f"{describe_value(value)}, whose first dimension is not the batch of {batch} samples")
+        specs = tuple(TensorSpec(tuple(t.shape[1:]), t.dtype) for t in tensors)
         return cls(specs, isinstance(value, tuple))
+
+    def mismatch(self, value: Activation, batch: int) -> str | None:
+        """None when `value` has this spec's structure, dtypes and per-sample shapes with `batch` samples; else what
+        it is instead. Cheap (compares shapes, never data): it runs on every message."""
+        tensors = value if isinstance(value, tuple) else (value,)
+        if isinstance(value, tuple) != self.is_tuple or len(tensors) != len(self.tensors):
+            return describe_value(value)
+        for tensor, spec in zip(tensors, self.tensors):
+            if not isinstance(tensor, torch.Tensor) or tensor.dtype != spec.dtype or tensor.shape != (
+                    batch, *spec.shape):
+                return describe_value(value)
+        return None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -63,6 +82,19 @@ class ActivationSpec:
             f"[B, {', '.join(map(str, t.shape))}] {str(t.dtype).replace('torch.', '')}" for t in self.tensors
         )
         return f"({shapes})" if self.is_tuple else shapes
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def describe_value(value) -> str:
+    """`[8, 3] float32`, `([8, 3] float32, [8] int64)`, or the type of what is not a tensor (for errors)."""
+    if isinstance(value, tuple):
+        return f"({', '.join(map(describe_value, value))})"
+    if isinstance(value, torch.Tensor):
+        return f"[{', '.join(map(str, value.shape))}] {dtype_name(value.dtype)}"
+    return f"a {type(value).__name__}"
 
 
 @dataclass
