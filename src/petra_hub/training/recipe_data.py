@@ -224,12 +224,30 @@ def _open(args: DataArguments):
     if args.dataset_name:
         path = os.path.expanduser(args.dataset_name)
         if os.path.isfile(os.path.join(path, "dataset_dict.json")) or os.path.isfile(os.path.join(path, "state.json")):
-            loaded = datasets.load_from_disk(path)  # save_to_disk output: a DatasetDict or one Dataset (train)
+            loaded = _load_from_disk(path)  # save_to_disk output: a DatasetDict or one Dataset (train)
             return loaded if isinstance(loaded, datasets.DatasetDict) else datasets.DatasetDict(train=loaded)
         return datasets.load_dataset(args.dataset_name, args.dataset_config_name)
     files = {split: os.path.join(folder, "**") for split, folder in (("train", args.train_dir),
                                                                       ("validation", args.validation_dir)) if folder}
     return datasets.load_dataset("imagefolder", data_files=files)
+
+
+def _load_from_disk(path: str):
+    import datasets
+
+    try:
+        return datasets.load_from_disk(path)
+    except IndexError:  # what datasets raises for a split saved with no rows: find which
+        parts = [path]
+        if os.path.isfile(os.path.join(path, "dataset_dict.json")):
+            parts = [os.path.join(path, s) for s in sorted(os.listdir(path)) if os.path.isdir(os.path.join(path, s))]
+        for part in parts:
+            try:
+                datasets.load_from_disk(part)
+            except IndexError:
+                split = "train" if part == path else os.path.basename(part)
+                raise ValueError(f"{path}: split {split!r} has no items") from None
+        raise
 
 
 def _column(features, wanted: str, default: str, fallbacks: tuple[str, ...], kind, what: str) -> str:
@@ -250,6 +268,9 @@ def _load_datasets(args: DataArguments, seed: int, splits: set[str], processor) 
     data = _open(args)
     eval_split = next((s for s in EVAL_SPLITS if s in data), None)
     held_out = None  # what the evaluated data is where it is no split of the set (its rows keep split "train")
+    where = args.dataset_name or args.train_dir or args.validation_dir
+    if "train" in data and len(data["train"]) == 0 and ("train" in splits or eval_split is None):
+        raise ValueError(f"{where}: split 'train' has no items")
     if eval_split is None and "train" in data and args.train_val_split and splits & {"eval", "test"}:
         parts = data["train"].train_test_split(test_size=args.train_val_split, seed=seed)  # seeded: same on every rank
         data["train"], data["validation"], eval_split = parts["train"], parts["test"], "validation"
@@ -258,8 +279,10 @@ def _load_datasets(args: DataArguments, seed: int, splits: set[str], processor) 
              "test": "test" if "test" in data else eval_split}
     for split in sorted(splits):
         if names[split] is None:
-            raise ValueError(f"{args.dataset_name or args.train_dir or args.validation_dir}: no split for {split} "
+            raise ValueError(f"{where}: no split for {split} "
                              f"among {list(data)} (train_val_split={args.train_val_split})")
+        if len(data[names[split]]) == 0:
+            raise ValueError(f"{where}: split {names[split]!r} (for {split}) has no items")
     reference = data[names["train"] or eval_split or next(iter(data))]
     image_column = _column(reference.features, args.image_column_name, "image", IMAGE_COLUMNS, datasets.Image, "image")
     label_column = _column(reference.features, args.label_column_name, "label", LABEL_COLUMNS, datasets.ClassLabel,
