@@ -142,35 +142,41 @@ def plan_steps(loader: DataLoader, args) -> tuple[int | None, int, int]:
     return per_epoch, steps_per_epoch, max_steps
 
 
-def check_all_labels(dataset, num_labels: int | None, what: str = "train_dataset") -> None:
+def check_all_labels(dataset, num_labels: int | None, what: str = "train_dataset", collator=None) -> None:
     """Every label of an in-memory data set, checked before training (not only the first batch's): integers in
     [0, num_labels). Data sets that only produce labels when read (a plain torch Dataset, a stream) are checked batch
-    by batch by the loss instead."""
-    labels = _all_labels(dataset)
+    by batch by the loss instead. A `datasets.Dataset`'s label column is the one the collator reads (its
+    `label_column`, as the recipe's ImageClassificationCollator has), else the one its transform names (the recipe's
+    ApplyTransform), else "labels" or "label"."""
+    labels, column = _all_labels(dataset, getattr(collator, "label_column", None))
     if labels is None or not num_labels or labels.numel() == 0:
         return
+    of = f"{what} (column {column!r})" if column else what
     if labels.is_floating_point():
         raise ValueError(
-            f"{what} has floating-point labels ({labels[:5].tolist()}, ...): class labels must be integers"
+            f"{of} has floating-point labels ({labels[:5].tolist()}, ...): class labels must be integers"
         )
     low, high = int(labels.min()), int(labels.max())
     if low < 0 or high >= num_labels:
         bad = int(((labels < 0) | (labels >= num_labels)).nonzero()[0])
         raise ValueError(
-            f"{what} has labels outside [0, {num_labels - 1}] (the model's num_labels={num_labels}): "
+            f"{of} has labels outside [0, {num_labels - 1}] (the model's num_labels={num_labels}): "
             f"item {bad} is labelled {int(labels[bad])}"
         )
 
 
-def _all_labels(dataset) -> torch.Tensor | None:
+def _all_labels(dataset, label_column: str | None = None) -> tuple[torch.Tensor | None, str | None]:
     labels = getattr(dataset, "labels", None)
     if torch.is_tensor(labels):
-        return labels
+        return labels, None
     import datasets
 
     if not isinstance(dataset, datasets.Dataset):  # a stream (datasets.IterableDataset) is read only once, in training
-        return None
-    column = next((name for name in ("labels", "label") if name in dataset.column_names), None)
+        return None, None
+    transform = (dataset.format.get("format_kwargs") or {}).get("transform")
+    named = label_column or getattr(transform, "label_column", None)
+    candidates = (named,) if named else ("labels", "label")
+    column = next((name for name in candidates if name in dataset.column_names), None)
     if column is None:  # its label column, read without transforms
-        return None
-    return torch.as_tensor(dataset.select_columns([column]).with_format("numpy")[column])
+        return None, None
+    return torch.as_tensor(dataset.select_columns([column]).with_format("numpy")[column]), column

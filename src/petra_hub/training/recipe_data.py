@@ -148,10 +148,12 @@ class RecipeData:
 
 @dataclass
 class ApplyTransform:
-    """`dataset.with_transform(ApplyTransform(transform, "image"))`: adds `pixel_values` to each batch."""
+    """`dataset.with_transform(ApplyTransform(transform, "image"))`: adds `pixel_values` to each batch.
+    `label_column` (the collator's) tells the trainer which column to check before training."""
 
     transform: Callable
     image_column: str
+    label_column: str | None = None
 
     def __call__(self, batch: dict) -> dict:
         batch["pixel_values"] = [self.transform(image.convert("RGB")) for image in batch[self.image_column]]
@@ -308,7 +310,7 @@ def _load_datasets(args: DataArguments, seed: int, splits: set[str], processor) 
         dataset = data[names[split]]
         if limit is not None:
             dataset = (dataset.shuffle(seed=seed) if shuffle else dataset).select(range(min(limit, len(dataset))))
-        return dataset.with_transform(ApplyTransform(transform, image_column))
+        return dataset.with_transform(ApplyTransform(transform, image_column, label_column))
 
     return RecipeData(
         train=select("train", train_transform if args.augment else eval_transform, args.max_train_samples,
