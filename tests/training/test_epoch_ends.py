@@ -1,6 +1,9 @@
 """Epochs whose micro-batch count is not a multiple of k: the partial group at an epoch's end is a step of its own
 (as in transformers' Trainer), each epoch evaluates and saves exactly once, and every micro-batch is trained."""
 
+import torch
+from transformers import TrainerCallback
+
 from petra_hub.data import load_image_dataset, take
 from tests.training.test_trainer import Recorder, make_trainer
 
@@ -37,3 +40,37 @@ def test_resume_at_an_epoch_end_inside_a_group_equals_the_uninterrupted_run(tmp_
     assert resumed.state.global_step == 12
     expected, got = full.model.state_dict(), resumed.model.state_dict()
     assert all((got[name] == expected[name]).all() for name in expected)
+
+
+class EpochEnds(TrainerCallback):
+    def __init__(self):
+        self.steps = []
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self.steps.append(state.global_step)
+
+
+def test_an_epoch_that_training_leaves_inside_still_ends_evaluates_and_saves(tmp_path):
+    """64 samples are 4 steps an epoch: max_steps=6 leaves epoch 2 halfway. Trainer still ends that epoch (its
+    callbacks, then the evaluation and checkpoint of the epoch strategies); the run once ended without them, so the
+    trained model was never evaluated, saved or a candidate for the best."""
+    recorder, ends = Recorder(), EpochEnds()
+    trainer = make_trainer(tmp_path, callbacks=[recorder, ends], max_steps=6, eval_strategy="epoch",
+                           save_strategy="epoch")
+    trainer.train()
+    assert ends.steps == [4, 6] and [step for step, _ in recorder.evaluations] == [4, 6]
+    assert [event for event in recorder.events if event.startswith("save@")] == ["save@4", "save@6"]
+    assert trainer.state.epoch == 1.5
+
+
+def test_a_run_resumed_where_max_steps_left_an_epoch_goes_on_inside_it(tmp_path):
+    """Ending an epoch that training left inside keeps the position there: resumed from checkpoint-6 (halfway through
+    epoch 2), the run equals the uninterrupted one (the same drains: a checkpoint every 2 steps)."""
+    settings = dict(save_strategy="steps", save_steps=2, lr_scheduler_type="constant")
+    make_trainer(tmp_path / "cut", max_steps=6, **settings).train()
+    full = make_trainer(tmp_path / "full", max_steps=8, **settings)
+    full.train()
+    resumed = make_trainer(tmp_path / "resumed", init_seed=7, max_steps=8, **settings)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "cut" / "checkpoint-6"))
+    expected, got = full.model.state_dict(), resumed.model.state_dict()
+    assert resumed.state.global_step == 8 and all(torch.equal(got[name], expected[name]) for name in expected)

@@ -139,7 +139,8 @@ def test_replicas_of_a_stream_take_whole_rounds_of_batches(tmp_path):
     steps and their collectives stalled into a gloo timeout. Each now reads 4 (the last, odd batch is dropped)."""
     results, _, _ = run_ranks(_stream_with_replicas, 2, str(tmp_path), deadline=180)
     assert all(result and "value" in result for result in results), [r and r.get("traceback") for r in results]
-    assert [result["value"] for result in results] == [(10, [1.0, 2.0])] * 2  # 4 steps an epoch on both replicas
+    # 4 steps an epoch on both replicas: evaluated at the ends of epochs 1 and 2, and where max_steps leaves epoch 3
+    assert [result["value"] for result in results] == [(10, [1.0, 2.0, 2.0])] * 2
 
 
 def test_checkpoints_across_machines_need_one_shared_output_dir(tmp_path):

@@ -240,14 +240,11 @@ class PetraTrainer(Trainer):
                     break
             if not stopped and fed_this_epoch == 0:
                 raise ValueError(f"the train dataset yielded no micro-batch in epoch {epoch}")
-            # The epoch ends when its data is exhausted (its partial group is then a step) or a callback ends it.
-            complete = per_epoch is not None and fed_this_epoch >= per_epoch
-            if not stopped or complete or self.control.should_epoch_stop:
-                self._close_epoch(epoch, trial, ignore_keys_for_eval, last=self.state.global_step + 1 >= max_steps)
-
-        if self.pipeline.fed_in_group:  # a callback stopped training inside a group: it still counts as a step
-            self.pipeline.end_group()
-            self._end_step(trial, ignore_keys_for_eval, last=True)
+            # The epoch ends when its data is exhausted or a callback ends it; else training left it inside.
+            finished = not stopped or (per_epoch is not None and fed_this_epoch >= per_epoch) or \
+                self.control.should_epoch_stop
+            last = not finished or self.state.global_step + 1 >= max_steps
+            self._leave_epoch(epoch, trial, ignore_keys_for_eval, last=last, finished=finished)
         self._sync_model()
         if args.logging_strategy != "no" and (self._globalstep_last_logged < self.state.global_step
                                               or self._unlogged.losses):
@@ -283,12 +280,15 @@ class PetraTrainer(Trainer):
         self._micro_batches_fed += 1
         self._model_synced = False
 
-    def _close_epoch(self, epoch: int, trial, ignore_keys_for_eval, last: bool) -> None:
+    def _leave_epoch(self, epoch: int, trial, ignore_keys_for_eval, last: bool, finished: bool) -> None:
+        """A group left open is a step of its own; then the epoch's end events, as in Trainer, also where training
+        leaves it inside (max_steps, a fraction of an epoch, a callback), whose position stays, for resuming."""
         if self.pipeline.fed_in_group:
             self.pipeline.end_group()
             self._end_step(trial, ignore_keys_for_eval, last=last)
-        self._position = (epoch + 1, 0)
-        self.state.epoch = float(epoch + 1)
+        if finished:
+            self._position = (epoch + 1, 0)
+            self.state.epoch = float(epoch + 1)
         self.control = self.callback_handler.on_epoch_end(self.args, self.state, self.control)
         self._log_save_evaluate(trial, ignore_keys_for_eval)
 
