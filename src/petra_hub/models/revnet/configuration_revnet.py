@@ -16,6 +16,33 @@ PRESETS = {
     "revnet101": {"block_type": "bottleneck", "depths": [3, 4, 23, 3], "hidden_sizes": [256, 512, 1024, 2048]},
 }
 
+NO_ATTENTION = "RevNets are convolutional: they have no attention"
+NOT_A_BACKBONE = "RevNets are not transformers backbones: use output_hidden_states=True for the stages' outputs"
+# Keys of transformers' ResNetConfig and ViTConfig that RevNets do not implement: the values a RevNet behaves as
+# (accepted, so that a key that states what the model does is honoured) and why any other is refused.
+FOREIGN_KEYS = {
+    "hidden_act": (("relu",), "RevNet blocks always use ReLU"),
+    "layer_type": ((), "use block_type ('basic' or 'bottleneck')"),
+    "downsample_in_first_stage": ((), "use layer_strides (the stride of each layer's first block)"),
+    "downsample_in_bottleneck": ((), "a bottleneck block strides in its 3x3 convolution"),
+    "out_features": ((None,), NOT_A_BACKBONE),
+    "out_indices": ((None,), NOT_A_BACKBONE),
+    "hidden_size": ((), "use hidden_sizes (the width of each stream, per layer)"),
+    "intermediate_size": ((), "use hidden_sizes (the width of each stream, per layer)"),
+    "num_hidden_layers": ((), "use depths (the number of blocks of each layer)"),
+    "num_attention_heads": ((), NO_ATTENTION),
+    "attention_probs_dropout_prob": ((0.0,), NO_ATTENTION),
+    "qkv_bias": ((), NO_ATTENTION),
+    "hidden_dropout_prob": ((0.0,), "RevNets have no dropout"),
+    "drop_path_rate": ((0.0,), "RevNets have no stochastic depth"),
+    "layer_norm_eps": ((), "RevNets have no layer norm (batch_norm_eps sets the batch norms' epsilon)"),
+    "image_size": ((), "RevNets take images of any size the stem and strides can reduce"),
+    "patch_size": ((), "RevNets have no patch embedding (stem sets the first layers)"),
+    "encoder_stride": ((), "RevNets have no masked-image-modeling decoder"),
+    "pooler_output_size": ((None,), "a RevNet's pooler is a global average of the streams"),
+    "pooler_act": ((), "a RevNet's pooler is a global average of the streams"),
+}
+
 
 def canonical_preset(name: str) -> str | None:
     """The `PRESETS` key that `name` spells ("RevNet-18", "revnet_18", "REVNET18" -> "revnet18"), else None."""
@@ -118,6 +145,9 @@ class RevNetConfig(PretrainedConfig):
         check(self.embedding_size >= 1, f"embedding_size must be positive, got {self.embedding_size}")
         check(self.num_channels >= 1, f"num_channels must be positive, got {self.num_channels}")
         check(self.num_labels >= 1, f"num_labels must be positive, got {self.num_labels}")
+        for key, (accepted, why) in FOREIGN_KEYS.items():
+            if key in vars(self):
+                check(vars(self)[key] in accepted, f"{key}={vars(self)[key]!r} is not supported: {why}")
 
     @property
     def downsampling_factor(self) -> int:
@@ -126,3 +156,8 @@ class RevNetConfig(PretrainedConfig):
         for stride in self.layer_strides:
             factor *= stride
         return factor
+
+    @downsampling_factor.setter
+    def downsampling_factor(self, value) -> None:
+        raise ValueError(f"Invalid RevNetConfig: downsampling_factor={value!r} cannot be set: it follows from stem "
+                         "(4 for 'imagenet') and layer_strides")

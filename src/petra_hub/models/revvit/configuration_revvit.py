@@ -11,6 +11,28 @@ PRESETS = {
     "revvit-base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12},
 }
 
+NOT_A_BACKBONE = "RevViTs are not transformers backbones: use output_hidden_states=True for the blocks' outputs"
+NOT_A_RESNET = "a ResNet key: RevViTs are transformers (hidden_size, num_hidden_layers, patch_size set their shape)"
+# Keys of transformers' ViTConfig and ResNetConfig that RevViTs do not implement: the values a RevViT behaves as
+# (accepted, so that a key that states what the model does is honoured) and why any other is refused.
+FOREIGN_KEYS = {
+    "hidden_act": (("gelu",), "RevViT MLPs always use the exact GELU"),
+    "attention_probs_dropout_prob": ((0.0,), "RevViT attention has no dropout (hidden_dropout_prob drops the "
+                                             "outputs of attention and MLP)"),
+    "qkv_bias": ((True,), "RevViT query, key and value projections always have a bias"),
+    "encoder_stride": ((), "RevViTs have no masked-image-modeling decoder"),
+    "pooler_output_size": ((None,), "a RevViT's pooler is a LayerNorm and the mean over tokens, with no dense layer"),
+    "pooler_act": ((), "a RevViT's pooler is a LayerNorm and the mean over tokens, with no activation"),
+    "embedding_size": ((), NOT_A_RESNET),
+    "hidden_sizes": ((), NOT_A_RESNET),
+    "depths": ((), NOT_A_RESNET),
+    "layer_type": ((), NOT_A_RESNET),
+    "downsample_in_first_stage": ((), NOT_A_RESNET),
+    "downsample_in_bottleneck": ((), NOT_A_RESNET),
+    "out_features": ((None,), NOT_A_BACKBONE),
+    "out_indices": ((None,), NOT_A_BACKBONE),
+}
+
 
 def canonical_preset(name: str) -> str | None:
     """The `PRESETS` key `name` spells ("RevViT-S" is not guessed; "revvit_small", "REVVIT-SMALL" are)."""
@@ -28,7 +50,9 @@ class RevViTConfig(PretrainedConfig):
         hidden_size: width of each of the two residual streams (the token width).
         num_hidden_layers: number of reversible blocks.
         num_attention_heads: heads of each block's self-attention (must divide `hidden_size`).
-        mlp_ratio: width of each block's MLP, as a multiple of `hidden_size`.
+        mlp_ratio: width of each block's MLP, as a multiple of `hidden_size` (default 4). `intermediate_size`
+            (ViTConfig's name for that width) may be given instead: it sets `mlp_ratio = intermediate_size /
+            hidden_size`.
         hidden_dropout_prob: dropout on the outputs of attention and MLP.
         drop_path_rate: stochastic depth: the largest probability of dropping a block's sub-function per sample,
             rising linearly with depth from 0.
@@ -46,7 +70,7 @@ class RevViTConfig(PretrainedConfig):
         hidden_size: int = 384,
         num_hidden_layers: int = 12,
         num_attention_heads: int = 6,
-        mlp_ratio: float = 4.0,
+        mlp_ratio: float | None = None,
         hidden_dropout_prob: float = 0.0,
         drop_path_rate: float = 0.0,
         layer_norm_eps: float = 1e-6,
@@ -60,13 +84,19 @@ class RevViTConfig(PretrainedConfig):
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers
         self.num_attention_heads = num_attention_heads
-        self.mlp_ratio = mlp_ratio
+        self.mlp_ratio = 4.0 if mlp_ratio is None else mlp_ratio
         self.hidden_dropout_prob = hidden_dropout_prob
         self.drop_path_rate = drop_path_rate
         self.layer_norm_eps = layer_norm_eps
         self.initializer_range = initializer_range
         self.preset = preset
+        intermediate_size = kwargs.pop("intermediate_size", None)  # ViTConfig's name for the MLP width
         super().__init__(**kwargs)
+        if intermediate_size is not None:
+            if mlp_ratio is not None and intermediate_size != self.intermediate_size:
+                raise ValueError(f"Invalid RevViTConfig: intermediate_size={intermediate_size} disagrees with "
+                                 f"mlp_ratio={mlp_ratio} (an MLP width of {self.intermediate_size}): give one of them")
+            self.intermediate_size = intermediate_size
         self.validate_architecture()
 
     @classmethod
@@ -80,9 +110,26 @@ class RevViTConfig(PretrainedConfig):
     def num_patches(self) -> int:
         return (self.image_size // self.patch_size) ** 2
 
+    @num_patches.setter
+    def num_patches(self, value) -> None:
+        raise ValueError(f"Invalid RevViTConfig: num_patches={value!r} cannot be set: it is (image_size // "
+                         "patch_size) ** 2")
+
     @property
     def intermediate_size(self) -> int:
+        """The MLP width, hidden_size * mlp_ratio; setting it sets mlp_ratio (ViTConfig names the width so)."""
         return int(self.hidden_size * self.mlp_ratio)
+
+    @intermediate_size.setter
+    def intermediate_size(self, value) -> None:
+        if not (isinstance(value, int) and value >= 1 and isinstance(self.hidden_size, int) and self.hidden_size >= 1):
+            raise ValueError(f"Invalid RevViTConfig: intermediate_size must be a positive integer (with a positive "
+                             f"integer hidden_size), got {value!r} (hidden_size {self.hidden_size!r})")
+        ratio = value / self.hidden_size
+        if int(self.hidden_size * ratio) != value:
+            raise ValueError(f"Invalid RevViTConfig: intermediate_size={value} is not hidden_size * mlp_ratio for "
+                             f"any float mlp_ratio (hidden_size {self.hidden_size}): set mlp_ratio")
+        self.mlp_ratio = ratio
 
     def validate_architecture(self) -> None:
         """Raise a ValueError naming the first inconsistent field."""
@@ -104,3 +151,6 @@ class RevViTConfig(PretrainedConfig):
             value = getattr(self, name)
             check(0.0 <= value < 1.0, f"{name} must lie in [0, 1), got {value}")
         check(self.num_labels >= 1, f"num_labels must be positive, got {self.num_labels}")
+        for key, (accepted, why) in FOREIGN_KEYS.items():
+            if key in vars(self):
+                check(vars(self)[key] in accepted, f"{key}={vars(self)[key]!r} is not supported: {why}")
