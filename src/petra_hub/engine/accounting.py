@@ -42,7 +42,8 @@ class StageCounters:
     skipped_updates: int = 0  # fp16: accumulation groups dropped for a non-finite gradient (see precision)
     reconstruction_error: float | None = None  # sampled check: relative error of the last rebuilt input checked
     reconstruction_checks: int = 0
-    grad_norm: float | None = None  # with clipping: norm of the averaged gradient of the last update, before clipping
+    grad_norm: float | None = None  # norm of the averaged gradient of the last update (before clipping)
+    learning_rate: float | None = None  # the learning rate the last update used
 
 
 def nbytes(values: Iterable[torch.Tensor], exclude: Iterable[torch.Tensor] = (), seen: set | None = None) -> int:

@@ -17,3 +17,14 @@ def weight_decay_groups(stage: nn.Module, weight_decay: float) -> list[dict]:
 
 def paper_sgd(stage: nn.Module, lr: float, weight_decay: float = 5e-4, momentum: float = 0.9) -> torch.optim.SGD:
     return torch.optim.SGD(weight_decay_groups(stage, weight_decay), lr=lr, momentum=momentum, nesterov=True)
+
+
+def gradient_norm(params: list[nn.Parameter], clip_to: float | None = None) -> float | None:
+    """The total 2-norm of the parameters' gradients (None where none has one), clipping them to `clip_to` if given."""
+    grads = [param.grad for param in params if param.grad is not None]
+    if not grads:
+        return None
+    norm = torch.nn.utils.get_total_norm(grads)
+    if clip_to:
+        torch.nn.utils.clip_grads_with_norm_(params, clip_to, norm)
+    return float(norm)

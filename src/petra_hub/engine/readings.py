@@ -41,9 +41,12 @@ class Readings:
         return self.transport.bytes_sent if self.transport is not None else 0
 
     def last_lr(self) -> float | None:
-        """The learning rate of this rank's first stage (every stage follows the same schedule), None without an
+        """The learning rate the last update of this rank's first stage used (every stage follows the same schedule;
+        Trainer logs the rate its step used); before any update, the one the first will use; None without an
         optimizer."""
         worker = self.workers[self.local.start]
+        if worker.counters.learning_rate is not None:
+            return worker.counters.learning_rate
         if worker.scheduler is not None:
             return float(worker.scheduler.get_last_lr()[0])
         if worker.optimizer is not None:

@@ -14,6 +14,7 @@ from .errors import PipelineError
 from .fidelity import StageProbe
 from .accounting import MemoryStats, StageCounters, memory_of, recording_saved_tensors, relative_error
 from .modes import Mode
+from .optim import gradient_norm
 from .pending import Pending, stashed_weights
 from .prediction import WeightPredictor
 from .precision import LOW_PRECISION, LossScale, Precision
@@ -229,11 +230,12 @@ class StageWorker:
             return False
         if self.reduce_gradients is not None:
             self.reduce_gradients(self.params)
-        if self.max_grad_norm:
-            self.counters.grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
+        norm = gradient_norm(self.params, clip_to=self.max_grad_norm)  # measured clipping or not, as Trainer logs it
+        self.counters.grad_norm = norm if norm is not None else self.counters.grad_norm
         if self.on_update is not None:
             self.on_update(self.index, list(self.group), self.stage)
         if self.optimizer is not None:
+            self.counters.learning_rate = float(self.optimizer.param_groups[0]["lr"])
             self.predictor.before_update(self.params)
             self.optimizer.step()
             self.predictor.after_update(self.params)

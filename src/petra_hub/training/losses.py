@@ -79,12 +79,12 @@ def reconstruction_error(pipeline: Pipeline, args) -> dict[str, float]:
 
 
 def training_logs(window: LossWindow, pipeline: Pipeline, args) -> dict[str, float]:
-    """A training log entry: the mean loss of `window`, the gradient norm (with clipping), the reconstruction error
-    (when checked), the learning rate and the samples per second (collectives: call on every rank)."""
+    """A training log entry: the mean loss of `window`, the gradient norm, the reconstruction error (when checked),
+    the learning rate the last update used and the samples per second (collectives: call on every rank)."""
     logs = {}
     if window.losses:
         logs["loss"] = window.loss_sum / window.losses
-    norm = grad_norm(pipeline, args.device, args.petra_data_parallel) if args.max_grad_norm else None
+    norm = grad_norm(pipeline, args.device, args.petra_data_parallel)  # logged clipping or not, as in Trainer
     if norm is not None:
         logs["grad_norm"] = norm
     if args.petra_check_reconstruction_every:
