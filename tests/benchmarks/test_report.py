@@ -62,9 +62,57 @@ def test_renders_tables_into_marked_regions_only(report, tmp_path, capsys):
     outside = re.sub(r"<!-- table:(acc/\w+) -->\n.*?<!-- /table:\1 -->", "", text, flags=re.S)
     assert outside == re.sub(r"<!-- table:(acc/\w+) -->\n.*?<!-- /table:\1 -->", "", DOC, flags=re.S)
     assert "kept as it is" in text
-    assert "missing/main: skipped" in capsys.readouterr().out
-    # Rendering again changes nothing.
+    assert "missing/main: skipped: no " in capsys.readouterr().out
+    # Rendering again changes nothing, but the check still fails on the region it cannot render...
+    assert report.main(["--results", str(results), "--docs", str(doc), "--check"]) == 1
+    assert doc.read_text() == text
+    assert "missing/main cannot be rendered (no " in capsys.readouterr().err
+    # ...and passes once it can.
+    (results / "missing.json").write_text(json.dumps(ACCURACY))
+    assert report.main(["--results", str(results), "--docs", str(doc)]) == 0
     assert report.main(["--results", str(results), "--docs", str(doc), "--check"]) == 0
+
+
+INCOMPLETE_MEMORY = {"benchmark": "memory", "models": {"revnet18 buffered": {"summary": {}}}}
+
+
+def test_check_fails_on_a_region_it_cannot_render_unless_its_file_may_be_missing(report, tmp_path, capsys):
+    """A table whose results file is missing, or lacks what the table needs, is not checked: --check says so and
+    fails, except for the results of MAY_BE_MISSING (the GPU run's), which may be absent but not incomplete."""
+    assert set(report.MAY_BE_MISSING) == {"gpu"}
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "acc.json").write_text(json.dumps(ACCURACY))
+    doc = tmp_path / "doc.md"
+    regions = ["acc/main", "gpu/main"]
+
+    def check(*names):
+        doc.write_text("".join(f"<!-- table:{n} -->\n<!-- /table:{n} -->\n" for n in names))
+        report.main(["--results", str(results), "--docs", str(doc)])  # renders what it can
+        return report.main(["--results", str(results), "--docs", str(doc), "--check"])
+
+    assert check(*regions) == 0  # gpu.json absent: allowed
+    assert "gpu/main: skipped, allowed: no " in capsys.readouterr().out
+    # Present but without what its table needs (a memory table here, whose renderer says so): not allowed.
+    (results / "gpu.json").write_text(json.dumps(INCOMPLETE_MEMORY))
+    assert check("acc/main", "gpu/summary") == 1
+    assert "gpu/summary cannot be rendered (no 'delayed')" in capsys.readouterr().err
+    (results / "gpu.json").unlink()
+    assert check(*regions, "memory/summary") == 1  # any other missing file fails
+    assert "memory/summary cannot be rendered (no " in capsys.readouterr().err
+    (results / "memory.json").write_text(json.dumps(INCOMPLETE_MEMORY))
+    assert check(*regions, "memory/summary") == 1
+    assert "memory/summary cannot be rendered (no 'delayed')" in capsys.readouterr().err
+
+
+def test_the_docs_tables_are_those_of_the_recorded_results(report, capsys):
+    """`python benchmarks/report.py --check` on the real docs and benchmarks/results: every table renders from its
+    JSON file (none skipped but the GPU run's) and is what the docs hold."""
+    assert report.main(["--check"]) == 0, capsys.readouterr().err
+    lines = capsys.readouterr().out.splitlines()
+    skipped = [line for line in lines if ": skipped" in line]
+    assert len(lines) == sum(len(report.MARKER.findall(doc.read_text())) for doc in DOCS) > 80
+    assert all(line.split(": ")[1] == "gpu/main" for line in skipped), skipped
 
 
 def test_every_marker_in_the_docs_names_a_known_table(report):
