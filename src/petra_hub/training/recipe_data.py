@@ -26,6 +26,7 @@ from ..data import (
     load_image_dataset,
     take,
 )
+from ..data.sources import to_rgb
 from .recipe_checks import check_class_indices, label_names_of, normalisation
 
 __all__ = [
@@ -156,7 +157,7 @@ class ApplyTransform:
     label_column: str | None = None
 
     def __call__(self, batch: dict) -> dict:
-        batch["pixel_values"] = [self.transform(image.convert("RGB")) for image in batch[self.image_column]]
+        batch["pixel_values"] = [self.transform(to_rgb(image)) for image in batch[self.image_column]]
         return batch
 
 

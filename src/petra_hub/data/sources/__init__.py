@@ -58,13 +58,35 @@ def check_class_count(count: int, where: str) -> None:
                          "output of the classifier)")
 
 
+SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+
+
+def to_rgb(img):
+    """A PIL image in mode RGB. 16-bit images (modes I;16*, and I holding 0..65535, as 16-bit PNGs open) are
+    scaled to 0..255 (divided by 257), float images (mode F) in [0, 1] multiplied by 255, instead of being
+    saturated by ``convert("RGB")``; ValueError naming the mode and the range for an I or F image outside those."""
+    from PIL import Image
+
+    if img.mode == "RGB":
+        return img
+    if img.mode in SIXTEEN_BIT_MODES or img.mode in ("I", "F"):
+        values = np.asarray(img)
+        low, high = (values.min(), values.max()) if values.size else (0, 0)
+        if img.mode == "F" and not (np.isfinite(values).all() and 0 <= low and high <= 1):
+            raise ValueError(f"a float image (mode F) with values in {low:g}..{high:g}: expected values in [0, 1]")
+        if img.mode == "I" and (low < 0 or high > 65535):
+            raise ValueError(f"a 32-bit integer image (mode I) with values in {low}..{high}: expected 16-bit "
+                             "values (0..65535)")
+        scaled = np.rint(values * 255) if img.mode == "F" else values.astype(np.int64) // 257
+        img = Image.fromarray(scaled.astype(np.uint8))  # 2-D uint8: mode L
+    return img.convert("RGB")
+
+
 def pil_to_uint8(img) -> torch.Tensor:
-    """A PIL image as a [3, H, W] uint8 tensor (converted to RGB first)."""
+    """A PIL image as a [3, H, W] uint8 tensor (through :func:`to_rgb`: 16-bit and float images scaled)."""
     from torchvision.transforms.v2 import functional as TF
 
-    if img.mode != "RGB":
-        img = img.convert("RGB")
-    return TF.pil_to_tensor(img)
+    return TF.pil_to_tensor(to_rgb(img))
 
 
 def _describe(value) -> str:

@@ -1,0 +1,59 @@
+"""Images the recipe and the readers decode: 16-bit and float images are scaled to 0..255, not saturated by
+convert("RGB"); what cannot be scaled is refused naming the mode and the values."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from petra_hub.data.sources import pil_to_uint8
+from petra_hub.training.recipe_data import ApplyTransform
+
+GRADIENT = (np.arange(64 * 64).reshape(64, 64) * 16).astype(np.uint16)  # 0..65520
+
+
+def _reopened(image: Image.Image, format: str) -> Image.Image:
+    buffer = io.BytesIO()
+    image.save(buffer, format=format)
+    return Image.open(io.BytesIO(buffer.getvalue()))
+
+
+def test_a_16_bit_png_is_scaled_not_saturated():
+    image = _reopened(Image.fromarray(GRADIENT), "PNG")
+    assert image.mode == "I;16"
+    pixels = pil_to_uint8(image).numpy()
+    assert pixels.shape == (3, 64, 64) and (pixels[0] == pixels[2]).all()
+    assert (pixels[0] == GRADIENT // 257).all()  # 0..254 in 255 steps (convert("RGB") left 99.6% at 255)
+    assert pixels.max() == 254 and len(np.unique(pixels)) == 255
+
+
+def test_a_32_bit_integer_image_of_16_bit_values_is_scaled():
+    pixels = pil_to_uint8(Image.fromarray(GRADIENT.astype(np.int32))).numpy()
+    assert (pixels[1] == GRADIENT // 257).all()
+
+
+def test_a_float_image_in_0_1_is_scaled():
+    ramp = np.linspace(0, 1, 64 * 64, dtype=np.float32).reshape(64, 64)
+    image = _reopened(Image.fromarray(ramp), "TIFF")
+    assert image.mode == "F"
+    pixels = pil_to_uint8(image).numpy()
+    assert pixels.min() == 0 and pixels.max() == 255 and len(np.unique(pixels)) == 256  # was 0..1, 2 values
+
+
+@pytest.mark.parametrize("array,message", [
+    (np.full((2, 2), 2.5, np.float32), r"a float image \(mode F\) with values in 2.5..2.5: expected values in "
+                                       r"\[0, 1\]"),
+    (np.full((2, 2), 70_000, np.int32), r"a 32-bit integer image \(mode I\) with values in 70000..70000: expected "
+                                        r"16-bit values \(0..65535\)"),
+])
+def test_what_cannot_be_scaled_is_refused_naming_the_mode(array, message):
+    with pytest.raises(ValueError, match=message):
+        pil_to_uint8(Image.fromarray(array))
+
+
+def test_the_recipe_transform_scales_16_bit_images():
+    batch = ApplyTransform(np.asarray, "image")({"image": [_reopened(Image.fromarray(GRADIENT), "PNG")]})
+    assert (batch["pixel_values"][0][..., 0] == GRADIENT // 257).all()
