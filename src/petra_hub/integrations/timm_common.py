@@ -42,6 +42,21 @@ def imagenet_cfg(**fields: Any) -> dict[str, Any]:
     }
 
 
+class TimmHead(nn.Module):
+    """The last stage of a timm model: pool the streams, `drop_rate` dropout, classifier (shared with the model)."""
+
+    reversible = False
+
+    def __init__(self, pooler: nn.Module, classifier: nn.Module, drop_rate: float):
+        super().__init__()
+        self.pooler, self.classifier, self.drop_rate = pooler, classifier, drop_rate
+
+    def forward(self, streams) -> torch.Tensor:
+        pooled = self.pooler(streams)[1].flatten(1)
+        # The pooler is shared with the model, so its mode follows both model.train() and this stage's train().
+        return self.classifier(functional.dropout(pooled, p=self.drop_rate, training=self.pooler.training))
+
+
 class TimmWrapper(nn.Module):
     """timm's classifier interface around a transformers image classifier kept as `self.model`.
 
@@ -86,8 +101,10 @@ class TimmWrapper(nn.Module):
         return self.model.config
 
     def get_stages(self) -> list[nn.Module]:
-        """The PETRA stages of the wrapped model (stem, one per block, head)."""
-        return self.model.get_stages()
+        """The PETRA stages of the wrapped model (stem, one per block), then a head that applies `drop_rate`
+        dropout before the classifier as `forward_head` does: running them in order equals `forward`."""
+        base = self.model.base_model
+        return [*base.get_stages(), TimmHead(base.pooler, self.model.classifier, self.drop_rate)]
 
     def _classify(self, pooled: torch.Tensor, pre_logits: bool) -> torch.Tensor:
         if self.drop_rate > 0.0:
