@@ -28,3 +28,16 @@ def gradient_norm(params: list[nn.Parameter], clip_to: float | None = None) -> f
     if clip_to:
         torch.nn.utils.clip_grads_with_norm_(params, clip_to, norm)
     return float(norm)
+
+
+def check_state_shapes(optimizer: torch.optim.Optimizer | None, where: str) -> None:
+    """After `load_state_dict`: each per-parameter state tensor (momentum, moments) has its parameter's shape, so that
+    a corrupt or foreign state fails here, naming `where`, instead of at the first update."""
+    if optimizer is None:
+        return
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            for name, value in optimizer.state.get(param, {}).items():
+                if torch.is_tensor(value) and value.dim() > 0 and value.shape != param.shape:
+                    raise ValueError(f"{where}: optimizer state {name!r} has shape {list(value.shape)}, its "
+                                     f"parameter {list(param.shape)}")

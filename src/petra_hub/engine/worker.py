@@ -14,7 +14,7 @@ from .errors import PipelineError
 from .fidelity import StageProbe
 from .accounting import MemoryStats, StageCounters, memory_of, recording_saved_tensors, relative_error
 from .modes import Mode
-from .optim import gradient_norm
+from .optim import check_state_shapes, gradient_norm
 from .pending import Pending, stashed_weights
 from .prediction import WeightPredictor
 from .precision import LOW_PRECISION, LossScale, Precision
@@ -275,6 +275,7 @@ class StageWorker:
         for name, part in self._stateful().items():
             if part is not None and state.get(name) is not None:
                 part.load_state_dict(state[name])
+        check_state_shapes(self.optimizer, f"stage {self.index}")
 
     def _stateful(self) -> dict:
         return {"optimizer": self.optimizer, "scheduler": self.scheduler, "loss_scale": self.loss_scale,

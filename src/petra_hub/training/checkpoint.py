@@ -16,6 +16,7 @@ checkpoint may come from someone else, and loading it must never run code.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from dataclasses import asdict, dataclass
@@ -23,14 +24,17 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+from transformers import TrainerState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, rotate_checkpoints
 
 from ..engine import Pipeline
 from .distributed import barrier, process_rank
-from .rng_state import save_rng_state
+from .rng_state import RNG_STATE_PATTERN, read_rng_state, save_rng_state
 
 PETRA_STATE_NAME = "petra_state.json"
 STAGE_STATE_PATTERN = "petra_stage_{:03d}.pt"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -67,11 +71,30 @@ class PetraState:
     def load(cls, folder: str | Path) -> "PetraState":
         path = Path(folder, PETRA_STATE_NAME)
         try:
-            return cls(**json.loads(path.read_text()))
+            state = cls(**json.loads(path.read_text()))
         except FileNotFoundError:
             raise FileNotFoundError(f"{folder} is not a PETRA checkpoint: it lacks {PETRA_STATE_NAME}") from None
         except (ValueError, TypeError) as error:
             raise ValueError(f"{path} is unreadable (the checkpoint is incomplete or corrupt): {error}") from None
+        wrong = [key for key, least in _COUNTS.items() if not _count_or_none(getattr(state, key), least)]
+        wrong += [key for key in ("mode", "dataset") if not isinstance(getattr(state, key), (str, type(None)))]
+        if not (state.stage_groups is None or isinstance(state.stage_groups, list)
+                and all(_count_or_none(size, 1) and size is not None for size in state.stage_groups)):
+            wrong.append("stage_groups")
+        if wrong:
+            raise ValueError(f"{path} is corrupt: {', '.join(wrong)} must be whole numbers (at least 1 for counts "
+                             f"of stages, steps, sizes and replicas; at least 0 for positions), got "
+                             f"{', '.join(f'{key}={getattr(state, key)!r}' for key in wrong)}")
+        return state
+
+
+# PetraState's whole-number fields and their least values
+_COUNTS = {"micro_batches_fed": 0, "num_stages": 1, "accumulation_steps": 1, "epoch": 0, "epoch_offset": 0,
+           "micro_batch_size": 1, "data_parallel": 1}
+
+
+def _count_or_none(value, least: int) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= least)
 
 
 def missing_files(folder: str, num_stages: int) -> list[str]:
@@ -121,6 +144,30 @@ def checkpoint_to_resume(value: str | bool | None, output_dir: str, num_stages: 
     return str(value)
 
 
+def load_trainer_state(folder: str) -> TrainerState:
+    """The `trainer_state.json` of checkpoint `folder` (errors name the file). A best checkpoint it names that no
+    longer exists is forgotten, with a warning, as Trainer does (the run's folder was moved or pruned)."""
+    path = os.path.join(folder, "trainer_state.json")
+    state = _read_trainer_state(path)
+    if state.best_model_checkpoint is not None and not os.path.isdir(state.best_model_checkpoint):
+        logger.warning("the best checkpoint %s that %s names does not exist anymore; it is ignored for this run",
+                       state.best_model_checkpoint, path)
+        state.best_model_checkpoint = None
+    return state
+
+
+def _read_trainer_state(path: str) -> TrainerState:
+    try:
+        state = TrainerState.load_from_json(path)
+    except (TypeError, ValueError, KeyError) as error:
+        raise ValueError(f"{path} is not a trainer state transformers can read: {error}") from None
+    counts = {"global_step": state.global_step, "max_steps": state.max_steps}
+    wrong = [key for key, value in counts.items() if not _count_or_none(value, 0) or value is None]
+    if wrong or not isinstance(state.log_history, list):
+        raise ValueError(f"{path} is corrupt: {', '.join(wrong) or 'log_history'} is not what Trainer writes")
+    return state
+
+
 def validate_checkpoint(folder: str, num_stages: int) -> None:
     """Before resuming: every file is there and readable (a truncated file names itself)."""
     from safetensors import safe_open
@@ -140,6 +187,10 @@ def validate_checkpoint(folder: str, num_stages: int) -> None:
         raise ValueError(
             f"{Path(folder, 'model.safetensors')} is unreadable (the checkpoint is incomplete): {error}"
         ) from None
+    PetraState.load(folder)
+    _read_trainer_state(os.path.join(folder, "trainer_state.json"))
+    for path in sorted(Path(folder).glob(RNG_STATE_PATTERN.format("*"))):
+        read_rng_state(path)
 
 
 def save_stage_states(folder: str | Path, pipeline: Pipeline) -> None:
@@ -167,7 +218,11 @@ def load_stage_states(folder: str | Path, pipeline: Pipeline) -> None:
                 f"cannot resume from {path}: not a readable stage state (optimizer and scheduler tensors only); "
                 f"the checkpoint is incomplete, corrupt or unsafe ({type(error).__name__}: {error})"
             ) from error
-    pipeline.load_state_dict(states)
+    try:
+        pipeline.load_state_dict(states)
+    except Exception as error:  # a corrupt or foreign state: the optimizer's or scheduler's own error
+        raise ValueError(f"cannot resume from {folder}: the stage states ({', '.join(map(str, states))}) do not fit "
+                         f"this run's optimizers and schedulers ({type(error).__name__}: {error})") from error
 
 
 def save_checkpoint_files(trainer, folder: str, final: str, state: PetraState) -> None:

@@ -46,11 +46,7 @@ def restore_rng_state(folder: str | Path, rank: int, world_size: int) -> bool:
             folder, len(saved), world_size,
         )
         return False
-    path = Path(folder, RNG_STATE_PATTERN.format(rank))
-    try:  # never unpickle code: a checkpoint may come from someone else
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:
-        raise ValueError(f"cannot resume from {path}: not a readable generator state ({error})") from error
+    state = read_rng_state(Path(folder, RNG_STATE_PATTERN.format(rank)))
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -60,3 +56,26 @@ def restore_rng_state(folder: str | Path, rank: int, world_size: int) -> bool:
     np.random.set_state(("MT19937", state["numpy_keys"].numpy().astype(np.uint32), position, has_gauss,
                          float(state["numpy_gauss"][0])))
     return True
+
+
+def read_rng_state(path: Path) -> dict:
+    """One rank's saved generators, checked against what each generator takes (so that restoring cannot fail half
+    way, after some generators were set): a ValueError naming the file otherwise."""
+    try:  # never unpickle code: a checkpoint may come from someone else
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise ValueError(f"cannot resume from {path}: not a readable generator state ({error})") from error
+    expected = {  # name: (dtype, number of elements, or None for any)
+        "torch": (torch.uint8, torch.get_rng_state().numel()), "python": (torch.int64, 625),
+        "python_gauss": (torch.float64, None), "numpy_keys": (torch.int64, 624),
+        "numpy_position": (torch.int64, 2), "numpy_gauss": (torch.float64, 1),
+    }
+    problems = [name for name, (dtype, numel) in expected.items()
+                if not isinstance(state, dict) or not torch.is_tensor(state.get(name)) or state[name].dtype != dtype
+                or (numel is not None and state[name].numel() != numel)]
+    if not problems and (state["python_gauss"].numel() > 1 or not isinstance(state.get("cuda"), list)):
+        problems = ["python_gauss" if state["python_gauss"].numel() > 1 else "cuda"]
+    if problems:
+        raise ValueError(f"cannot resume from {path}: not the generator state petra_hub writes "
+                         f"({', '.join(problems)} missing or of the wrong type or size)")
+    return state

@@ -15,7 +15,6 @@ every rank holds the whole trained model (`trainer.model`, `prediction_step`).
 from __future__ import annotations
 
 import math
-import os
 import time
 
 import torch
@@ -39,7 +38,8 @@ from .batches import (
 from .batches import repeated_first_batch
 from .card import name_labels, save_run_folder, write_run_card
 from .card_data import record_evaluation
-from .checkpoint import PetraState, checkpoint_to_resume, load_best_model, load_stage_states, write_checkpoint
+from .checkpoint import PetraState, checkpoint_to_resume, load_best_model, load_stage_states, load_trainer_state
+from .checkpoint import write_checkpoint
 from .distributed import broadcast_module, check_same_run, check_shared_output_dir, process_rank
 from .distributed import barrier, raise_on_every_rank, world_size
 from .evaluation import eval_set_named, run_inference
@@ -181,7 +181,7 @@ class PetraTrainer(Trainer):
         self.state.compute_steps(args, max_steps)
         self._micro_batches_fed, self._position = 0, (0, 0)
         if resume_from_checkpoint is not None:
-            self.state = TrainerState.load_from_json(os.path.join(resume_from_checkpoint, "trainer_state.json"))
+            self.state = load_trainer_state(resume_from_checkpoint)
             self._load_callback_state()
             saved = PetraState.load(resume_from_checkpoint)
             saved.check_compatible(self._run_state(), resume_from_checkpoint)
