@@ -16,7 +16,9 @@ in :mod:`petra_hub.integrations.timm_common`.
 
 No weights are published: ``pretrained=True`` needs ``pretrained_cfg_overlay=dict(file="path/model.safetensors")``,
 a file written by ``RevNetForImageClassification.save_pretrained`` (or ``RevNetModel.save_pretrained``) or a timm
-state dict of the same architecture (give the same ``stem``, widths, ... as the saved model).
+state dict of the same architecture (give the same ``stem``, widths, ... as the saved model). ``num_classes`` is read
+from the file unless given: a ``RevNetModel`` file has no classifier and gives a model without head (``num_classes``
+0, features out); with ``num_classes`` given, the head is new and freshly initialised.
 """
 
 from __future__ import annotations

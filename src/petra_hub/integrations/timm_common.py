@@ -171,7 +171,8 @@ def convert_keys(state_dict: dict[str, torch.Tensor], prefix: str) -> dict[str, 
 
 
 def classifier_width(path: str) -> int | None:
-    """Output width of the classifier stored in a safetensors file (read from its header), if any."""
+    """Output width of the classifier stored in a safetensors file (read from its header); 0 for a file without
+    one (a bare base model, or a timm model with num_classes=0); None when the file is not safetensors."""
     if not str(path).endswith(".safetensors"):
         return None
     with safe_open(path, framework="pt") as handle:
@@ -179,7 +180,7 @@ def classifier_width(path: str) -> int | None:
         for key in ("model.classifier.weight", "revnet.classifier.weight", "classifier.weight"):
             if key in keys:
                 return int(handle.get_slice(key).get_shape()[0])
-    return None
+    return 0
 
 
 def prepare_pretrained(variant: str, pretrained_cfg, overlay: dict | None, architecture: str) -> dict | None:

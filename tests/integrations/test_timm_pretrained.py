@@ -1,0 +1,48 @@
+"""timm models from local files of the transformers base models (no classifier) and, with in_chans != 3, from
+3-channel files: the weights load and the first convolution is adapted to the new channel count."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+
+import petra_hub.integrations.timm  # noqa: F401  (registers the models)
+from petra_hub import RevNetConfig, RevNetModel, RevViTConfig, RevViTModel
+
+REVNET = dict(stem="cifar", hidden_sizes=[4, 8, 8, 8], embedding_size=4)
+REVVIT = dict(image_size=16, patch_size=4, hidden_size=12, num_hidden_layers=2)
+IMAGES = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+
+
+def bare_file(family, folder):
+    torch.manual_seed(0)
+    if family == "revnet18":
+        model = RevNetModel(RevNetConfig.from_preset("revnet18", **REVNET))
+        arguments = REVNET
+    else:
+        model = RevViTModel(RevViTConfig.from_preset("revvit-tiny", **REVVIT))
+        arguments = {**{k: v for k, v in REVVIT.items() if k != "image_size"}, "img_size": REVVIT["image_size"]}
+    model.eval().save_pretrained(folder)
+    return model, arguments, dict(file=str(folder / "model.safetensors"))
+
+
+@pytest.mark.parametrize("family", ["revnet18", "revvit_tiny"])
+def test_a_base_model_file_gives_a_model_without_head(family, tmp_path):
+    base, arguments, overlay = bare_file(family, tmp_path)
+    model = timm.create_model(family, pretrained=True, pretrained_cfg_overlay=overlay, **arguments).eval()
+    assert model.num_classes == 0
+    with torch.no_grad():
+        assert torch.equal(model(IMAGES), base(IMAGES).pooler_output.flatten(1))
+
+
+@pytest.mark.parametrize("family", ["revnet18", "revvit_tiny"])
+@pytest.mark.parametrize("num_classes", [10, 1000])
+def test_a_base_model_file_with_num_classes_gets_a_new_head(family, num_classes, tmp_path):
+    base, arguments, overlay = bare_file(family, tmp_path)
+    model = timm.create_model(family, pretrained=True, pretrained_cfg_overlay=overlay, num_classes=num_classes,
+                              **arguments).eval()
+    with torch.no_grad():
+        assert model(IMAGES).shape == (2, num_classes)
+        assert torch.equal(model.forward_head(model.forward_features(IMAGES), pre_logits=True),
+                           base(IMAGES).pooler_output.flatten(1))
