@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 
+import datasets
 import numpy as np
 import pytest
 from PIL import Image
@@ -57,3 +58,29 @@ def test_what_cannot_be_scaled_is_refused_naming_the_mode(array, message):
 def test_the_recipe_transform_scales_16_bit_images():
     batch = ApplyTransform(np.asarray, "image")({"image": [_reopened(Image.fromarray(GRADIENT), "PNG")]})
     assert (batch["pixel_values"][0][..., 0] == GRADIENT // 257).all()
+
+
+def _image_folder(root, size: int = 8, first_size: int | None = None) -> str:
+    """root/train/{a,b}/{0..3}.png, size x size (a/0.png, the first in order, first_size x first_size)."""
+    rng = np.random.default_rng(0)
+    for label in ("a", "b"):
+        (root / "train" / label).mkdir(parents=True)
+        for i in range(4):
+            side = first_size if (label, i) == ("a", 0) and first_size else size
+            image = Image.fromarray(rng.integers(0, 255, (side, side, 3), dtype=np.uint8))
+            image.save(root / "train" / label / f"{i}.png")
+    return str(root / "train")
+
+
+def test_a_truncated_image_in_a_train_dir_is_named(tmp_path):
+    from petra_hub.training.recipe_data import DataArguments, load_data
+
+    folder = _image_folder(tmp_path)
+    bad = tmp_path / "train" / "b" / "2.png"
+    bad.write_bytes(bad.read_bytes()[:60])
+    data = load_data(DataArguments(train_dir=folder, train_val_split=None), seed=0, splits={"train"})
+    assert data.train[0]["pixel_values"].shape == (3, 8, 8)
+    paths = data.train.with_format(None).cast_column("image", datasets.Image(decode=False))["image"]
+    row = [image["path"] for image in paths].index(str(bad))
+    with pytest.raises(ValueError, match=rf"^image {bad} \(column 'image'\): cannot decode the image \(OSError: "):
+        data.train[row]

@@ -157,8 +157,39 @@ class ApplyTransform:
     label_column: str | None = None
 
     def __call__(self, batch: dict) -> dict:
-        batch["pixel_values"] = [self.transform(to_rgb(image)) for image in batch[self.image_column]]
+        batch["pixel_values"] = [self.transform(self.decode(image)) for image in batch[self.image_column]]
         return batch
+
+    def decode(self, image):
+        """An RGB PIL image from a decoded one or an undecoded `datasets.Image` value ({"bytes", "path"}: the
+        recipe decodes its images here, so that a file that cannot be decoded is named)."""
+        try:
+            return to_rgb(_open_image(image) if isinstance(image, dict) else image)
+        except MemoryError:
+            raise
+        except Exception as error:  # noqa: BLE001 - PIL raises many types; name the file
+            raise ValueError(f"{_image_name(image)} (column {self.image_column!r}): cannot decode the image "
+                             f"({type(error).__name__}: {error})") from error
+
+
+def _image_source(value: dict):
+    """What PIL opens for an undecoded `datasets.Image` value: its bytes, else its path."""
+    import io
+
+    return io.BytesIO(value["bytes"]) if value.get("bytes") is not None else value["path"]
+
+
+def _open_image(value: dict):
+    from PIL import Image
+
+    image = Image.open(_image_source(value))
+    image.load()  # now, so that a truncated file fails here, named
+    return image
+
+
+def _image_name(image) -> str:
+    path = image.get("path") if isinstance(image, dict) else getattr(image, "filename", None)
+    return f"image {path}" if path else "an image stored in the data set"
 
 
 @dataclass
@@ -267,6 +298,7 @@ def _column(features, wanted: str, default: str, fallbacks: tuple[str, ...], kin
 
 def _load_datasets(args: DataArguments, seed: int, splits: set[str], processor) -> RecipeData:
     import datasets
+    from PIL import Image
 
     data = _open(args)
     eval_split = next((s for s in EVAL_SPLITS if s in data), None)
@@ -291,13 +323,20 @@ def _load_datasets(args: DataArguments, seed: int, splits: set[str], processor) 
     label_column = _column(reference.features, args.label_column_name, "label", LABEL_COLUMNS, datasets.ClassLabel,
                            "label")
     data, label_names = label_names_of(data, reference.features[label_column], label_column)
+    data = data.cast_column(image_column, datasets.Image(decode=False))  # decoded by ApplyTransform, which names files
 
     if args.image_size:
         size = args.image_size
     elif processor is not None and getattr(processor, "size", None):
         size = processor.size.get("shortest_edge") or processor.size.get("height")
     else:
-        size = min(reference[0][image_column].size)
+        first = data[names["train"] or eval_split or next(iter(data))][0][image_column]
+        try:
+            with Image.open(_image_source(first)) as image:  # its header only: no pixels decoded
+                size = min(image.size)
+        except Exception as error:  # noqa: BLE001 - PIL raises many types; name the file
+            raise ValueError(f"{_image_name(first)} (column {image_column!r}), the first image, which gives the "
+                             f"image size: cannot read it ({type(error).__name__}: {error})") from error
     mean, std = normalisation(processor)
     name = os.path.basename(os.path.normpath(args.dataset_name or args.train_dir or args.validation_dir))
     if processor is None:
