@@ -23,6 +23,8 @@ from .schedule import Schedule
 from .simulation import Simulation, simulate
 from .synchronous import schedule_order, simulate_1f1b, simulate_schedule
 from .worker import StageWorker
+from .wire import (WireError, all_gather_json, broadcast_json, broadcast_tensors, gather_tensors, recv_json,
+                   send_json)
 
 __all__ = [
     "MemoryStats",
@@ -40,17 +42,24 @@ __all__ = [
     "StageMismatchError",
     "StageGroup",
     "StageWorker",
+    "WireError",
+    "all_gather_json",
+    "broadcast_json",
+    "broadcast_tensors",
     "compile_stage",
     "disagreements",
+    "gather_tensors",
     "group_sizes",
     "merge_stages",
     "stage_layout",
     "paper_sgd",
     "peer_failure",
     "profile_stages",
+    "recv_json",
     "replica_of",
     "simulate",
     "schedule_order",
+    "send_json",
     "simulate_1f1b",
     "simulate_schedule",
 ]

@@ -4,13 +4,15 @@ what every rank must agree on."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from .errors import peer_failure
+from .errors import StageMismatchError, peer_failure
+from .wire import WireError, all_gather_json, gather_tensors
 
 
 def gather_stages(
@@ -23,21 +25,47 @@ def gather_stages(
     describe: Callable[[int], str],
 ) -> None:
     """Copy every stage's parameters and buffers onto the stage modules of pipeline rank `dst` (every rank when
-    None). A collective failure (a peer died or left) becomes a PeerFailureError."""
-    states = {i: {k: v.detach().cpu() for k, v in stages[i].state_dict().items()} for i in local}
-    world = dist.get_world_size(group)
+    None). Tensors travel as tensors, named by a JSON manifest that every rank checks against its own copy of the
+    stages before any tensor moves (`wire.gather_tensors`; nothing is unpickled). A collective failure (a peer died
+    or left) becomes a PeerFailureError."""
+    mine = {f"{i}.{k}": v for i in local for k, v in stages[i].state_dict().items()}
+    expected = {f"{i}.{k}": (tuple(v.shape), v.dtype) for i, stage in enumerate(stages)
+                for k, v in stage.state_dict().items()}
+    accept = functools.partial(_expected_states, expected, len(stages), describe, describe(rank))
     with peer_failure(f"gather the stages onto {'every rank' if dst is None else describe(dst)}", describe(rank)):
-        if dst is None:
-            gathered = [None] * world
-            dist.all_gather_object(gathered, states, group=group)
-        else:
-            gathered = [None] * world if rank == dst else None
-            dist.gather_object(states, gathered, dst=global_ranks[dst], group=group)
-    if gathered is not None:
-        for others in gathered:
-            for index, state in others.items():
-                if index not in local:
-                    stages[index].load_state_dict(state)
+        gathered = gather_tensors(mine, group, None if dst is None else global_ranks[dst], accept)
+    for position, tensors in enumerate(gathered or ()):
+        if position == rank:
+            continue
+        states: dict[int, dict] = {}
+        for key, tensor in tensors.items():
+            index, name = key.split(".", 1)
+            states.setdefault(int(index), {})[name] = tensor
+        for index, state in states.items():
+            if index not in local:
+                stages[index].load_state_dict(state)
+
+
+def _expected_states(expected: dict, count: int, describe: Callable[[int], str], me: str, rank: int,
+                     manifest: dict) -> None:
+    """Refuse (a StageMismatchError, which `gather_tensors` raises on every rank) what pipeline rank `rank` announces
+    unless it is whole state dicts of stages, each entry with the shape and dtype of this rank's (`me`) copy
+    (`expected`: "index.name" -> (shape, dtype), for all `count` stages)."""
+    announced = set()
+    for key, (shape, dtype) in manifest.items():
+        index, _, name = key.partition(".")
+        if not index.isdigit() or int(index) >= count:
+            raise StageMismatchError(f"{describe(rank)} sent {key!r}, which names no stage of the {count}")
+        ours = expected.get(key)
+        if ours != (shape, dtype):
+            have = "nothing" if ours is None else f"{list(ours[0])} {ours[1]}"
+            raise StageMismatchError(f"{describe(rank)} sent stage {index}'s {name!r} as {list(shape)} {dtype}, but "
+                                     f"{me} has {have} for it: every rank must build the same stages")
+        announced.add(index)
+    missing = [key for key in expected if key.partition(".")[0] in announced and key not in manifest]
+    if missing:
+        raise StageMismatchError(f"{describe(rank)} sent stages without {missing[:5]}, which {me} has: every rank "
+                                 "must build the same stages")
 
 
 def average_gradients(params: list[nn.Parameter], group: dist.ProcessGroup, size: int) -> None:
@@ -64,9 +92,11 @@ def average_buffers(modules: list[nn.Module], group: dist.ProcessGroup, size: in
 
 
 def disagreements(mine: dict, group: dist.ProcessGroup | None = None) -> tuple[list[dict], list[str]]:
-    """Every rank's `mine` (gathered over `group`, a collective) and the keys whose values differ between ranks,
-    sorted: the same on every rank, so that each raises the same error."""
-    everyone: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, mine, group=group)
+    """Every rank's `mine` (a JSON object: str keys, JSON values; gathered over `group`, a collective) and the keys
+    whose values differ between ranks, sorted: the same on every rank, so that each raises the same error."""
+    everyone = all_gather_json(mine, group)  # JSON, never pickled (see `wire`)
+    if not all(isinstance(other, dict) for other in everyone):
+        raise WireError("a rank sent settings that are not a JSON object")
+    mine = everyone[dist.get_rank(group)]  # as JSON has it (tuples are lists), like every other rank's
     keys = {key for other in everyone for key in other}
     return everyone, sorted(key for key in keys if any(other.get(key) != mine.get(key) for other in everyone))

@@ -1,5 +1,6 @@
 """The start-up handshake: before the first tick every rank learns the shape of each boundary it touches, and a
-stage that cannot take its neighbour's output (or ranks that disagree on the set-up) fail on every rank at once."""
+stage that cannot take its neighbour's output (or ranks that disagree on the set-up) fail on every rank at once.
+Settings, shapes and errors travel as JSON (`wire`), never pickled: a peer's message is checked, not executed."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from .randomness import preserved
 from .routing import Router, empty_like_spec
 from .tensors import Activation, as_tuple
 from .transport import ActivationSpec, describe_value
+from .wire import WireError, all_gather_json, recv_json, send_json
 
 
 DRY_RUN_BATCH = 2  # samples of the zero batch the handshake runs the stages on
@@ -80,22 +82,36 @@ def _handshake(input_spec, stages, router, settings, group, job_group, global_ra
                 f"{key} ({', '.join(f'rank {rank}: {other.get(key)!r}' for rank, other in enumerate(everyone))})"
                 for key in differ))
     local, error, spec = router.local, None, input_spec
-    if local.start > 0:
-        received = [None]
-        dist.recv_object_list(received, src=global_ranks[router.rank - 1], group=group)
-        spec, error = received[0]
+    if local.start > 0:  # JSON, never pickled (see `wire`)
+        sender = router.transport.describe(router.rank - 1)
+        spec, error = _spec_message(recv_json(global_ranks[router.rank - 1], group), sender)
         if spec is not None:
             router.specs[local.start - 1] = spec
     if error is None:
         spec, error = dry_run(stages, local, spec, router.specs, device, precision)
     if local.stop < len(stages):
-        dist.send_object_list([(spec, error)], dst=global_ranks[router.rank + 1], group=group)
+        send_json({"spec": None if spec is None else spec.to_json(), "error": error}, global_ranks[router.rank + 1],
+                  group)
     if distributed:
-        errors = [None] * dist.get_world_size(group)
-        dist.all_gather_object(errors, error, group=group)
+        errors = all_gather_json(error, group)
+        if not all(e is None or isinstance(e, str) for e in errors):
+            raise WireError("a rank sent a handshake error that is not a text")
         error = next((e for e in errors if e is not None), None)
     if error is not None:
         raise StageMismatchError(error)
+
+
+def _spec_message(message, sender: str) -> tuple[ActivationSpec | None, str | None]:
+    """The (spec, error) of the previous rank's handshake message, checked (a WireError naming `sender` if not)."""
+    try:
+        if not isinstance(message, dict) or set(message) != {"spec", "error"}:
+            raise ValueError("not a handshake message")
+        error = message["error"]
+        if not (error is None or isinstance(error, str)) or (error is None) == (message["spec"] is None):
+            raise ValueError("neither a spec nor an error")
+        return (None if message["spec"] is None else ActivationSpec.from_json(message["spec"])), error
+    except ValueError as problem:
+        raise WireError(f"{sender} sent a start-up handshake message that cannot be read: {problem}") from None
 
 
 def dry_run(

@@ -20,7 +20,10 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from .wire import WireError, all_gather_json
+
 EXCHANGE = -1  # the `stage` of a rank's exchange with its neighbours
+TRACE_LIMIT = 1024 * 2**20  # bytes of one rank's events as JSON (about 12 million events)
 
 
 @dataclass(frozen=True)
@@ -84,9 +87,18 @@ def gather_events(trace: Trace, distributed: bool, group: dist.ProcessGroup | No
     Events carry global ranks, whatever the group."""
     if not distributed:
         return list(trace.events)
-    gathered = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, trace.events, group=group)
-    return [event for events in gathered for event in events]
+    rows = [[e.kind, e.rank, e.stage, e.micro_batch, e.start, e.end] for e in trace.events]
+    gathered = all_gather_json(rows, group, limit=TRACE_LIMIT)  # JSON, never pickled (see `wire`)
+    return [_event(row) for rows in gathered for row in (rows if isinstance(rows, list) else [None])]
+
+
+def _event(row) -> Event:
+    """An event another rank sent (as `gather_events` lays it out), checked."""
+    if (isinstance(row, list) and len(row) == 6 and isinstance(row[0], str) and type(row[1]) is int
+            and type(row[2]) is int and (row[3] is None or type(row[3]) is int)
+            and all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in row[4:])):
+        return Event(row[0], row[1], row[2], row[3], float(row[4]), float(row[5]))
+    raise WireError(f"a rank sent a trace event that is not one: {str(row)[:80]}")
 
 
 def chrome_trace(events: list[Event]) -> dict:

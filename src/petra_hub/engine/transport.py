@@ -20,6 +20,9 @@ import torch.distributed as dist
 
 from .errors import PeerFailureError
 from .tensors import Activation, as_tuple
+from .wire import dtype_name, dtype_of, json_shape
+
+_MAX_TENSORS = 1024  # tensors of one activation a peer may describe
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,27 @@ class ActivationSpec:
                 return describe_value(value)
         return None
 
+    def to_json(self) -> dict:
+        """The spec as plain JSON values (the handshake sends it so, never pickled)."""
+        return {"tensors": [[list(t.shape), dtype_name(t.dtype)] for t in self.tensors], "is_tuple": self.is_tuple}
+
+    @classmethod
+    def from_json(cls, data) -> "ActivationSpec":
+        """What `to_json` made, checked (a ValueError for anything else: a peer's message is not trusted)."""
+        if not isinstance(data, dict) or set(data) != {"tensors", "is_tuple"} or not isinstance(data["is_tuple"], bool):
+            raise ValueError("not an activation spec")
+        entries = data["tensors"]
+        if not isinstance(entries, list) or not 0 < len(entries) <= _MAX_TENSORS:
+            raise ValueError(f"an activation spec needs 1 to {_MAX_TENSORS} tensors")
+        specs = []
+        for entry in entries:
+            if not isinstance(entry, list) or len(entry) != 2:
+                raise ValueError("not a tensor spec")
+            specs.append(TensorSpec(json_shape(entry[0]), dtype_of(entry[1])))
+        if not data["is_tuple"] and len(specs) != 1:
+            raise ValueError("a single-tensor activation spec with several tensors")
+        return cls(tuple(specs), data["is_tuple"])
+
     @property
     def dtype(self) -> torch.dtype:
         return self.tensors[0].dtype
@@ -82,10 +106,6 @@ class ActivationSpec:
             f"[B, {', '.join(map(str, t.shape))}] {str(t.dtype).replace('torch.', '')}" for t in self.tensors
         )
         return f"({shapes})" if self.is_tuple else shapes
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def describe_value(value) -> str:
