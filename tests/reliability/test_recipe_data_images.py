@@ -84,3 +84,18 @@ def test_a_truncated_image_in_a_train_dir_is_named(tmp_path):
     row = [image["path"] for image in paths].index(str(bad))
     with pytest.raises(ValueError, match=rf"^image {bad} \(column 'image'\): cannot decode the image \(OSError: "):
         data.train[row]
+
+
+@pytest.mark.parametrize("first,expected", [(4, 4), (300, 224)])
+def test_the_size_inferred_from_the_first_image_is_capped(tmp_path, caplog, first, expected):
+    from petra_hub.training.recipe_data import DataArguments, load_data
+
+    folder = _image_folder(tmp_path, size=8, first_size=first)
+    with caplog.at_level("WARNING", logger="petra_hub.training.recipe_data"):
+        data = load_data(DataArguments(train_dir=folder, train_val_split=None), seed=0, splits={"train"})
+    assert data.image_size == expected  # 300 before: every item 3x300x300
+    assert data.train[1]["pixel_values"].shape == (3, expected, expected)
+    warned = "is 300 pixels on its shorter side: the images are resized to 224" in caplog.text
+    assert warned == (first == 300) and ("pass --image_size for more" in caplog.text) == warned
+    assert load_data(DataArguments(train_dir=folder, train_val_split=None, image_size=256), seed=0,
+                     splits={"train"}).image_size == 256

@@ -10,6 +10,7 @@ mean and std), a collator that builds `pixel_values` and `labels`, label names f
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -43,6 +44,11 @@ __all__ = [
 IMAGE_COLUMNS = ("image", "img")  # tried, in order, when --image_column_name is left at its default and is absent
 LABEL_COLUMNS = ("label", "labels", "fine_label")
 EVAL_SPLITS = ("validation", "val", "valid", "test")
+# The most pixels on a side taken from the first image without --image_size (as transformers' example's default
+# processor, 224): one large image sorted first would otherwise set the size of every item.
+MAX_INFERRED_SIZE = 224
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -75,7 +81,8 @@ class DataArguments:
     image_size: int | None = field(
         default=None,
         metadata={"help": "Side of the images the model sees (`datasets` sets); default: the image processor's with "
-                          "--model_name_or_path, else the shorter side of the first training image."},
+                          "--model_name_or_path, else the shorter side of the first training image, at most "
+                          f"{MAX_INFERRED_SIZE} (give --image_size for larger)."},
     )
     augment: bool = field(
         default=True,
@@ -185,6 +192,23 @@ def _open_image(value: dict):
     image = Image.open(_image_source(value))
     image.load()  # now, so that a truncated file fails here, named
     return image
+
+
+def _inferred_size(first: dict, image_column: str) -> int:
+    """The shorter side of the first image (read from its header: no pixels decoded), at most MAX_INFERRED_SIZE."""
+    from PIL import Image
+
+    try:
+        with Image.open(_image_source(first)) as image:
+            side = min(image.size)
+    except Exception as error:  # noqa: BLE001 - PIL raises many types; name the file
+        raise ValueError(f"{_image_name(first)} (column {image_column!r}), the first image, which gives the image "
+                         f"size: cannot read it ({type(error).__name__}: {error})") from error
+    if side > MAX_INFERRED_SIZE:
+        logger.warning("%s, the first image, is %d pixels on its shorter side: the images are resized to %d, the "
+                       "most inferred from an image (pass --image_size for more)", _image_name(first), side,
+                       MAX_INFERRED_SIZE)
+    return min(side, MAX_INFERRED_SIZE)
 
 
 def _image_name(image) -> str:
@@ -298,7 +322,6 @@ def _column(features, wanted: str, default: str, fallbacks: tuple[str, ...], kin
 
 def _load_datasets(args: DataArguments, seed: int, splits: set[str], processor) -> RecipeData:
     import datasets
-    from PIL import Image
 
     data = _open(args)
     eval_split = next((s for s in EVAL_SPLITS if s in data), None)
@@ -330,13 +353,7 @@ def _load_datasets(args: DataArguments, seed: int, splits: set[str], processor) 
     elif processor is not None and getattr(processor, "size", None):
         size = processor.size.get("shortest_edge") or processor.size.get("height")
     else:
-        first = data[names["train"] or eval_split or next(iter(data))][0][image_column]
-        try:
-            with Image.open(_image_source(first)) as image:  # its header only: no pixels decoded
-                size = min(image.size)
-        except Exception as error:  # noqa: BLE001 - PIL raises many types; name the file
-            raise ValueError(f"{_image_name(first)} (column {image_column!r}), the first image, which gives the "
-                             f"image size: cannot read it ({type(error).__name__}: {error})") from error
+        size = _inferred_size(data[names["train"] or eval_split or next(iter(data))][0][image_column], image_column)
     mean, std = normalisation(processor)
     name = os.path.basename(os.path.normpath(args.dataset_name or args.train_dir or args.validation_dir))
     if processor is None:
