@@ -46,3 +46,20 @@ def test_a_base_model_file_with_num_classes_gets_a_new_head(family, num_classes,
         assert model(IMAGES).shape == (2, num_classes)
         assert torch.equal(model.forward_head(model.forward_features(IMAGES), pre_logits=True),
                            base(IMAGES).pooler_output.flatten(1))
+
+
+@pytest.mark.parametrize("family, stem", [("revnet18", "cifar"), ("revnet18", "imagenet"), ("revvit_tiny", None)])
+def test_in_chans_1_from_a_3_channel_file_sums_the_first_convolution(family, stem, tmp_path):
+    base, arguments, overlay = bare_file(family, tmp_path)
+    if stem == "imagenet":
+        torch.manual_seed(0)
+        base = RevNetModel(RevNetConfig.from_preset("revnet18", **{**REVNET, "stem": "imagenet"})).eval()
+        base.save_pretrained(tmp_path)
+        arguments = {**REVNET, "stem": "imagenet"}
+    model = timm.create_model(family, pretrained=True, pretrained_cfg_overlay=overlay, in_chans=1, **arguments)
+    first = "embedder.layers.0" if family == "revnet18" else "embeddings.patches"
+    weight = model.model.base_model.get_submodule(first).weight
+    assert weight.shape[1] == 1
+    assert torch.allclose(weight[:, 0], base.get_submodule(first).weight.sum(1))
+    assert model.pretrained_cfg["input_size"][0] == 3  # the file's channels, from which timm adapted the conv
+    assert model.config.num_channels == 1

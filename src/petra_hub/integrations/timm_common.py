@@ -183,9 +183,22 @@ def classifier_width(path: str) -> int | None:
     return 0
 
 
+def first_conv_channels(path: str) -> int | None:
+    """Input channels of the first convolution (RevNet stem, RevViT patch embedding) stored in a safetensors file,
+    if it is one and holds that convolution."""
+    if not str(path).endswith(".safetensors"):
+        return None
+    with safe_open(path, framework="pt") as handle:
+        for key in handle.keys():
+            if key.endswith(("embedder.layers.0.weight", "embeddings.patches.weight")):
+                return int(handle.get_slice(key).get_shape()[1])
+    return None
+
+
 def prepare_pretrained(variant: str, pretrained_cfg, overlay: dict | None, architecture: str) -> dict | None:
-    """Fail clearly when there is nothing to load; return the overlay, completed with the file's head width.
-    `architecture` names the family's architecture arguments for the message (e.g. "stem, hidden_sizes, ...")."""
+    """Fail clearly when there is nothing to load; return the overlay, completed with the file's head width and,
+    as the channels of `input_size`, those of the file's first convolution: timm adapts that convolution from them
+    to `in_chans`. `architecture` names the family's architecture arguments for the message (e.g. "stem, ...")."""
     resolved = resolve_pretrained_cfg(variant, pretrained_cfg=pretrained_cfg, pretrained_cfg_overlay=overlay)
     if not (resolved.file or resolved.url or resolved.hf_hub_id or resolved.state_dict):
         raise RuntimeError(
@@ -200,6 +213,10 @@ def prepare_pretrained(variant: str, pretrained_cfg, overlay: dict | None, archi
             width = classifier_width(resolved.file)
             if width is not None:
                 overlay = {**overlay, "num_classes": width}
+        channels = first_conv_channels(resolved.file)
+        if channels is not None:
+            size = (overlay or {}).get("input_size") or resolved.input_size
+            overlay = {**(overlay or {}), "input_size": (channels, *size[1:])}
     return overlay
 
 
@@ -218,10 +235,10 @@ def build(
     if kwargs.pop("features_only", False):
         raise NotImplementedError(f"{variant} does not support features_only; use forward_features instead")
     overlay = kwargs.pop("pretrained_cfg_overlay", None)
-    if pretrained:
-        overlay = prepare_pretrained(variant, kwargs.get("pretrained_cfg"), overlay, architecture)
     if cfg_defaults:
         overlay = {**cfg_defaults, **(overlay or {})}
+    if pretrained:
+        overlay = prepare_pretrained(variant, kwargs.get("pretrained_cfg"), overlay, architecture)
     return build_model_with_cfg(
         model_cls,
         variant,

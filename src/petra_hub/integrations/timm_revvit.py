@@ -20,11 +20,12 @@ ValueError. The other keyword arguments (``image_size``, ``patch_size``, ``hidde
 
 pretrained cfg: 3x224x224 ImageNet inputs, ImageNet mean and std, ``crop_pct`` 0.875 (petra_hub's ImageNet test
 transform: resize 256, centre crop 224; timm's DeiT cfgs use 0.9), bilinear, ``fixed_input_size`` (the position
-embeddings are learned per patch); ``input_size`` follows ``image_size`` and ``in_chans``. No weights are published:
+embeddings are learned per patch); ``input_size`` follows ``image_size`` and ``in_chans`` (with ``pretrained=True``,
+its channels are the file's, from which timm adapts the patch embedding to ``in_chans``). No weights are published:
 ``pretrained=True`` needs ``pretrained_cfg_overlay=dict(file="path/model.safetensors")``, a file written by
-``RevViTForImageClassification.save_pretrained`` (or ``RevViTModel.save_pretrained``) or a timm state dict, with
-the architecture arguments of the saved model; ``num_classes`` is read from the file unless given (a
-``RevViTModel`` file has no classifier: 0, a model without head; with ``num_classes`` given, the head is new).
+``RevViTForImageClassification.save_pretrained`` (or ``RevViTModel.save_pretrained``) or a timm state dict, with the
+architecture arguments of the saved model; ``num_classes`` is read from the file unless given (a ``RevViTModel``
+file has no classifier: 0, a model without head; with ``num_classes`` given, the head is new).
 """
 
 from __future__ import annotations
