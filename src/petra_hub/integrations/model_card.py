@@ -283,6 +283,7 @@ def _template_variables(summary: TrainingSummary, repo_id: str | None, config=No
         "mode_reconstructs": mode.reconstructs,
         "mode_keeps_graph": mode.keeps_graph,
         "stored_stages": _stored_stages_text(summary, config),
+        "invertible_downsampling": getattr(config, "downsampling", None) == "invertible",
         "num_stages": words.text(summary.num_stages),
         "accumulation_steps": words.text(summary.accumulation_steps),
         "num_processes": words.text(summary.num_processes),

@@ -127,14 +127,20 @@ def architecture(preset: str | None, config=None) -> tuple[str, str]:
         layout = paper
     else:
         return (preset or "a custom RevNet"), "custom RevNet configuration (see `config.json`)"
-    if paper is not None and all(layout[name] == paper[name] for name in paper):
+    # The paper's RevNets downsample with buffered (non-reversible) blocks; invertible ones are other networks.
+    buffered = config is None or config.downsampling == "buffered"
+    if paper is not None and buffered and all(layout[name] == paper[name] for name in paper):
         name = f"RevNet-{key.removeprefix('revnet')}"
     else:
         name = f"a custom RevNet (derived from {preset})" if preset else "a custom RevNet"
+    widths = layout["hidden_sizes"] if buffered else config.stream_widths()
     description = (
         f"{layout['block_type']} blocks in layers of {'/'.join(str(d) for d in layout['depths'])} "
-        f"({sum(layout['depths'])} blocks), widths {'/'.join(str(w) for w in layout['hidden_sizes'])} per stream"
+        f"({sum(layout['depths'])} blocks), widths {'/'.join(str(w) for w in widths)} per stream"
     )
+    if not buffered:
+        inner = [w if layout["block_type"] == "basic" else w // 4 for w in layout["hidden_sizes"]]
+        description += f" (residual functions {'/'.join(str(w) for w in inner)} wide)"
     if config is not None:
         description += f", {config.stem} stem, {config.downsampling} downsampling"
     return name, (f"{name} ({key}): {description}" if name.startswith("RevNet-") else description)

@@ -149,6 +149,18 @@ class RevNetConfig(PretrainedConfig):
             if key in vars(self):
                 check(vars(self)[key] in accepted, f"{key}={vars(self)[key]!r} is not supported: {why}")
 
+    def stream_widths(self) -> list[int]:
+        """The width of each stream after each layer: hidden_sizes with buffered downsampling; with invertible
+        downsampling each stride-2 layer multiplies the width by 4 (pixel-unshuffle) and hidden_sizes only set the
+        blocks' inner widths."""
+        if self.downsampling == "buffered":
+            return list(self.hidden_sizes)
+        widths, width = [], self.embedding_size
+        for stride in self.layer_strides:
+            width *= stride * stride
+            widths.append(width)
+        return widths
+
     @property
     def downsampling_factor(self) -> int:
         """How much the spatial size shrinks from the input to the last layer."""
