@@ -28,7 +28,9 @@ def test_a_whole_model_optimizer_is_refused(tmp_path):
         with_plug_ins(tmp_path, optimizers=(None, scheduler))
 
 
-@pytest.mark.parametrize("method", ["compute_loss", "training_step", "create_optimizer", "create_scheduler"])
+@pytest.mark.parametrize("method", ["compute_loss", "training_step", "create_optimizer", "create_scheduler",
+                                    "prediction_step", "evaluation_loop", "_get_train_sampler", "_get_eval_sampler",
+                                    "get_batch_samples"])
 def test_overriding_a_method_the_loop_never_calls_is_refused(tmp_path, method):
     subclass = type("Custom", (PetraTrainer,), {method: lambda self, *args, **kwargs: None})
     with pytest.raises(TypeError, match=f"Custom overrides Trainer.{method}, which PetraTrainer never calls"):
@@ -57,10 +59,12 @@ def test_compute_loss_func_is_the_loss_of_training_and_evaluation(tmp_path):
 
     trainer = with_plug_ins(tmp_path, compute_loss_func=doubled)
     trainer.train()
-    assert calls and set(calls) == {8}  # the micro-batch: each stage averages a step's micro-batches itself
+    assert calls and set(calls) == {16}  # as in Trainer: the items of the step (k = 2 micro-batches of 8)
     plain = make_trainer(tmp_path / "plain", max_steps=2)
     plain.model.load_state_dict(trainer.model.state_dict())
+    calls.clear()
     assert trainer.evaluate()["eval_loss"] == pytest.approx(2 * plain.evaluate()["eval_loss"], rel=1e-6)
+    assert calls == [16, 16, 8]  # evaluation: the items of each batch of 16 (40 images)
 
 
 def test_preprocess_logits_for_metrics_shapes_what_metrics_and_predict_see(tmp_path):

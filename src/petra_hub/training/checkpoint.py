@@ -26,6 +26,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import TrainerState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, rotate_checkpoints
+from transformers.trainer_utils import sort_checkpoints
 
 from ..engine import Pipeline
 from .distributed import barrier, process_rank
@@ -257,6 +258,20 @@ def rotate(trainer, run_dir: str) -> None:
         best_model_checkpoint=trainer.state.best_model_checkpoint,
         use_mtime=False,
     )
+
+
+def end_with_the_best(trainer, run_dir: str) -> None:
+    """At the end of training, as Trainer: the best checkpoint's weights in the model (`load_best_model_at_end`),
+    and, with `save_total_limit=1`, every other checkpoint deleted."""
+    best = trainer.state.best_model_checkpoint
+    if best is None:
+        return
+    if trainer.args.load_best_model_at_end:
+        load_best_model(trainer.model, best)
+    if trainer.args.should_save and trainer.args.save_total_limit == 1:
+        for checkpoint in sort_checkpoints(run_dir, best_model_checkpoint=best):
+            if not os.path.samefile(checkpoint, best):
+                shutil.rmtree(checkpoint, ignore_errors=True)
 
 
 def load_best_model(model: torch.nn.Module, checkpoint: str | Path) -> None:

@@ -9,7 +9,9 @@ step through it, which PETRA's per-stage schedule does not have.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from itertools import chain
 
 import torch
 from transformers import Trainer
@@ -18,6 +20,10 @@ from transformers.modeling_outputs import ImageClassifierOutput
 _PER_STAGE_OPTIMIZERS = (
     "every pipeline stage has its own optimizer and LR scheduler, built per stage from TrainingArguments (optim, "
     "optim_args, learning_rate, lr_scheduler_type, ...) or from optimizer_cls_and_kwargs=(cls, kwargs)"
+)
+_PIPELINE_INFERENCE = (
+    "evaluate and predict run the batches forward through the pipeline's stages; pass compute_loss_func, "
+    "compute_metrics or preprocess_logits_for_metrics to change what they compute"
 )
 # Trainer methods PetraTrainer never calls: overriding one would silently change nothing
 _REFUSED_OVERRIDES = {
@@ -28,6 +34,14 @@ _REFUSED_OVERRIDES = {
     "create_optimizer": _PER_STAGE_OPTIMIZERS,
     "create_scheduler": _PER_STAGE_OPTIMIZERS,
     "create_optimizer_and_scheduler": _PER_STAGE_OPTIMIZERS,
+    "prediction_step": _PIPELINE_INFERENCE,
+    "evaluation_loop": _PIPELINE_INFERENCE,
+    "_get_train_sampler": "every rank must read the same micro-batches in the same order: PetraTrainer's "
+                          "EpochSampler (seeded by data_seed or seed) draws them; override get_train_dataloader "
+                          "to read them otherwise, the same on every rank",
+    "_get_eval_sampler": "evaluation reads the eval set in order on every rank; override get_eval_dataloader instead",
+    "get_batch_samples": "the loop feeds one micro-batch per tick to the pipeline; override get_train_dataloader "
+                         "to change what the micro-batches hold",
 }
 
 
@@ -47,18 +61,53 @@ def check_plug_ins(trainer: Trainer) -> None:
                             f"{reason}")
 
 
+@dataclass(frozen=True)
+class StepLabels:
+    """A micro-batch's labels in training with `compute_loss_func`, and what it needs to weight every item of the
+    step alike, as Trainer does: the items (labels other than -100) in the step's micro-batches, and their number."""
+
+    labels: torch.Tensor
+    items: int
+    micro_batches: int
+
+
+def items_in(labels: torch.Tensor) -> int:
+    """What Trainer counts as `num_items_in_batch`: the labels other than its ignore index -100."""
+    return int(labels.ne(-100).sum())
+
+
+def with_step_labels(batches: Iterable[dict], k: int) -> Iterator[dict]:
+    """The batches of an epoch (read from a step's first micro-batch on), their labels wrapped in `StepLabels`: each
+    step's k micro-batches (fewer at the epoch's end) are read ahead, as Trainer's `get_batch_samples` does."""
+    group: list[dict] = []
+    for batch in chain(batches, [None]):
+        if batch is not None:
+            group.append(batch)
+        if len(group) == k or (batch is None and group):
+            items = sum(items_in(member["labels"]) for member in group)
+            for member in group:
+                yield {**member, "labels": StepLabels(member["labels"], items, len(group))}
+            group = []
+
+
 def loss_function(trainer: Trainer) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The loss of a micro-batch's logits, for the last stage and for evaluation: `compute_loss_func` if given, else
     cross-entropy with `label_smoothing_factor`, else the model's own `compute_loss`, else cross-entropy.
 
-    `compute_loss_func` receives `ImageClassifierOutput(logits=...)`, the labels and, as `num_items_in_batch`, the
-    micro-batch's size: each stage averages the micro-batch gradients of a step itself, so a loss summed over the
-    items and divided by `num_items_in_batch` gives the step's mean, as in Trainer."""
+    `compute_loss_func` receives `ImageClassifierOutput(logits=...)`, the labels and `num_items_in_batch` as in
+    Trainer: in training, the items of the whole step (`StepLabels`, which the training loop gives the pipeline), in
+    evaluation those of the batch. Each stage averages the gradients of a step's micro-batches, so a training loss is
+    multiplied by their number: a loss summed over the items and divided by `num_items_in_batch` then gives Trainer's
+    gradient, every item of the step weighted alike, also where micro-batches differ in size."""
     custom, smoothing, model = trainer.compute_loss_func, trainer.args.label_smoothing_factor, trainer.model
 
-    def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def loss(logits: torch.Tensor, labels) -> torch.Tensor:
         if custom is not None:
-            return custom(ImageClassifierOutput(logits=logits), labels, num_items_in_batch=labels.shape[0])
+            if isinstance(labels, StepLabels):
+                step_labels = labels.labels.to(logits.device)
+                value = custom(ImageClassifierOutput(logits=logits), step_labels, num_items_in_batch=labels.items)
+                return value * labels.micro_batches
+            return custom(ImageClassifierOutput(logits=logits), labels, num_items_in_batch=items_in(labels))
         if smoothing:
             return torch.nn.functional.cross_entropy(logits, labels, label_smoothing=smoothing)
         if hasattr(model, "compute_loss"):

@@ -38,7 +38,7 @@ from .batches import (
 from .batches import repeated_first_batch
 from .card import name_labels, save_run_folder, write_run_card
 from .card_data import record_evaluation
-from .checkpoint import PetraState, checkpoint_to_resume, load_best_model, load_stage_states, load_trainer_state
+from .checkpoint import PetraState, checkpoint_to_resume, end_with_the_best, load_stage_states, load_trainer_state
 from .checkpoint import write_checkpoint
 from .distributed import broadcast_module, check_same_run, check_shared_output_dir, process_rank
 from .distributed import barrier, raise_on_every_rank, world_size
@@ -47,7 +47,7 @@ from .fidelity import GradientFidelityCallback
 from .guards import RunLock, check_finite, preflight
 from .losses import LossWindow, collect, training_logs
 from .optimization import optimizer_factory, scheduler_factory
-from .plug_ins import check_plug_ins, loss_function
+from .plug_ins import check_plug_ins, loss_function, with_step_labels
 from .rng_state import restore_rng_state
 from .sampler import EpochSampler
 
@@ -168,7 +168,8 @@ class PetraTrainer(Trainer):
         if args.petra_partition == "auto" or args.memory_budget_bytes() is not None:  # measured on it
             micro_batch = args.per_device_train_batch_size
             self._profile_batch = repeated_first_batch(self.data_collator, loader.dataset, micro_batch)
-        check_all_labels(self.train_dataset, getattr(self.model.config, "num_labels", None))
+        num_labels = getattr(self.model.config, "num_labels", None)
+        check_all_labels(self.train_dataset, num_labels, collator=self.data_collator)
         per_epoch, steps_per_epoch, max_steps = plan_steps(loader, args)
 
         check_same_run(args, dataset_label(self.train_dataset))  # before any rank writes or trains
@@ -221,9 +222,11 @@ class PetraTrainer(Trainer):
             if offset == 0:
                 self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
             fed_this_epoch, stopped = offset, False
-            for batch in epoch_batches(
-                loader, self.train_dataset, epoch, offset, self.replica, self.args.petra_data_parallel, data_seed(args)
-            ):
+            batches = epoch_batches(loader, self.train_dataset, epoch, offset, self.replica, args.petra_data_parallel,
+                                    data_seed(args))
+            if self.compute_loss_func is not None:  # its num_items_in_batch counts the whole step's items
+                batches = with_step_labels(batches, args.gradient_accumulation_steps)
+            for batch in batches:
                 if self.pipeline.fed_in_group == 0:
                     self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
                 self._feed(batch)
@@ -246,17 +249,16 @@ class PetraTrainer(Trainer):
             last = not finished or self.state.global_step + 1 >= max_steps
             self._leave_epoch(epoch, trial, ignore_keys_for_eval, last=last, finished=finished)
         self._sync_model()
-        if args.logging_strategy != "no" and (self._globalstep_last_logged < self.state.global_step
-                                              or self._unlogged.losses):
-            self._log_training(force=True)
-        if args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
-            load_best_model(self.model, self.state.best_model_checkpoint)
+        unlogged, self._unlogged = self._unlogged, LossWindow()  # as in Trainer: counted in train_loss, not logged
+        self._total_loss_scalar += unlogged.loss_sum
+        self._losses_logged += unlogged.losses
         num_steps = self.state.global_step - self._initial_global_step
         samples = (self._micro_batches_fed - fed_at_start) * args.per_device_train_batch_size
         metrics = speed_metrics("train", start_time, num_samples=samples, num_steps=num_steps)
         metrics["train_loss"] = self._total_loss_scalar / max(1, self._losses_logged)
         metrics["train_runtime"] = round(time.time() - start_time, 4)
         self.log(metrics)
+        end_with_the_best(self, self._get_output_dir(trial=trial))
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         return TrainOutput(self.state.global_step, metrics["train_loss"], metrics)
 
