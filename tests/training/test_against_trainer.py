@@ -1,0 +1,125 @@
+"""PetraTrainer against transformers' own Trainer: the same tiny RevNet, data, order and seed. In `backprop` mode the
+two run the same arithmetic (PETRA's schedule aside), so everything a user reads must agree: the trained weights,
+the logged losses, learning rates and gradient norms, when evaluations and checkpoints happen, which checkpoint is
+the best and which are left."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+from petra_hub import RevNetForImageClassification
+from petra_hub.data import collate_image_batch, load_image_dataset, take
+from petra_hub.testing.models import small_config
+from petra_hub.training import EpochSampler, PetraTrainer, PetraTrainingArguments
+
+
+class OrderedTrainer(Trainer):
+    """transformers' Trainer reading the training set in PetraTrainer's order (the one change)."""
+
+    def _get_train_sampler(self, train_dataset=None):
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        return EpochSampler(len(dataset), self.args.seed)
+
+
+class Events(TrainerCallback):
+    def __init__(self):
+        self.seen = []
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self.seen.append(("epoch_end", state.global_step))
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self.seen.append(("evaluate", state.global_step))
+
+    def on_save(self, args, state, control, **kwargs):
+        self.seen.append(("save", state.global_step))
+
+
+def accuracy(prediction):
+    return {"accuracy": float((np.argmax(prediction.predictions, -1) == prediction.label_ids).mean())}
+
+
+def run_both(tmp_path, train_size=64, trainer_kwargs=None, **settings):
+    """Train with Trainer and with PetraTrainer (backprop); returns both trainers and their callbacks' events."""
+    train = take(load_image_dataset("digits", "train", augment=False), train_size)
+    test = take(load_image_dataset("digits", "test"), 40)
+    common = dict(per_device_train_batch_size=8, per_device_eval_batch_size=16, learning_rate=0.05, optim="sgd",
+                  max_grad_norm=0.0, report_to=[], disable_tqdm=True, seed=0, logging_steps=1, **settings)
+    runs = {}
+    for name, trainer_class, arguments in (("trainer", OrderedTrainer, TrainingArguments(
+            output_dir=str(tmp_path / "trainer"), **common)), ("petra", PetraTrainer, PetraTrainingArguments(
+            output_dir=str(tmp_path / "petra"), petra_mode="backprop", **common))):
+        torch.manual_seed(0)
+        events = Events()
+        trainer = trainer_class(model=RevNetForImageClassification(small_config("revnet18", stem="cifar")),
+                                args=arguments, train_dataset=train, eval_dataset=test,
+                                data_collator=collate_image_batch, compute_metrics=accuracy, callbacks=[events],
+                                **(trainer_kwargs or {}))
+        trainer.train()
+        runs[name] = trainer, events.seen
+    return runs["trainer"], runs["petra"]
+
+
+def entries(trainer, keys):
+    return [{k: entry[k] for k in keys if k in entry} | {"step": entry["step"]}
+            for entry in trainer.state.log_history if any(k in entry for k in keys)]
+
+
+def assert_same_weights(reference, petra, tolerance=1e-5):
+    expected = reference.model.state_dict()
+    for name, value in petra.model.state_dict().items():
+        torch.testing.assert_close(value, expected[name], rtol=tolerance, atol=tolerance, msg=name)
+
+
+def checkpoints(folder):
+    return sorted(path.name for path in folder.iterdir() if path.name.startswith("checkpoint-"))
+
+
+def test_logs_and_weights_equal_trainers_over_two_epochs(tmp_path):
+    (reference, _), (petra, _) = run_both(tmp_path, gradient_accumulation_steps=2, num_train_epochs=2,
+                                          lr_scheduler_type="linear")
+    assert_same_weights(reference, petra)
+    expected, got = entries(reference, ("loss", "learning_rate", "grad_norm")), entries(petra, ("loss", "learning_rate",
+                                                                                              "grad_norm"))
+    assert [entry["step"] for entry in got] == [entry["step"] for entry in expected] == list(range(1, 9))
+    for want, have in zip(expected, got):
+        assert have == pytest.approx(want, rel=1e-4), (want, have)  # the rate each step used, the norm unclipped
+    assert petra.state.log_history[-1]["train_loss"] == pytest.approx(reference.state.log_history[-1]["train_loss"],
+                                                                      rel=1e-5)
+
+
+def test_compute_loss_func_weighs_every_item_of_a_ragged_step_as_trainer_does(tmp_path):
+    """70 images in micro-batches of 8, k = 3: the third step's micro-batches hold 8, 8 and 6 images, and a loss
+    summed over a micro-batch and divided by num_items_in_batch weighs all 22 alike."""
+    seen = {}
+
+    def summed(outputs, labels, num_items_in_batch=None):
+        seen.setdefault(torch.is_grad_enabled(), []).append(int(num_items_in_batch))
+        return torch.nn.functional.cross_entropy(outputs.logits, labels, reduction="sum") / num_items_in_batch
+
+    (reference, _), (petra, _) = run_both(tmp_path, train_size=70, gradient_accumulation_steps=3, num_train_epochs=1,
+                                          lr_scheduler_type="constant", trainer_kwargs={"compute_loss_func": summed})
+    assert seen[True] == ([24] * 6 + [22] * 3) * 2  # Trainer's nine calls, then PetraTrainer's: the same counts
+    assert_same_weights(reference, petra)
+    expected, got = entries(reference, ("loss",)), entries(petra, ("loss",))
+    assert [e["loss"] for e in got] == pytest.approx([e["loss"] for e in expected], rel=1e-5)
+
+
+def test_evaluations_checkpoints_and_the_best_model_as_trainers(tmp_path):
+    """Evaluated at the start and at each epoch's end, saved at each epoch's end, including where max_steps leaves
+    the second epoch (7 steps, 4 an epoch); the best is the highest loss (so not the last model); one checkpoint
+    is kept."""
+    (reference, expected), (petra, got) = run_both(
+        tmp_path, gradient_accumulation_steps=2, max_steps=7, lr_scheduler_type="constant", eval_on_start=True,
+        eval_strategy="epoch", save_strategy="epoch", save_total_limit=1, load_best_model_at_end=True,
+        metric_for_best_model="loss", greater_is_better=True)
+    assert got == expected
+    assert ("epoch_end", 7) in got and ("save", 7) in got  # the epoch max_steps leaves still ends and saves
+    names = {name: (trainer.state.best_global_step, checkpoints(tmp_path / name), trainer.state.best_metric)
+             for name, trainer in (("trainer", reference), ("petra", petra))}
+    assert names["petra"][:2] == names["trainer"][:2] and len(names["petra"][1]) == 1
+    assert math.isclose(names["petra"][2], names["trainer"][2], rel_tol=1e-5)
+    assert_same_weights(reference, petra)  # the best checkpoint's weights, loaded at the end
