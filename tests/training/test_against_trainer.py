@@ -89,6 +89,8 @@ def test_logs_and_weights_equal_trainers_over_two_epochs(tmp_path):
         assert have == pytest.approx(want, rel=1e-4), (want, have)  # the rate each step used, the norm unclipped
     assert petra.state.log_history[-1]["train_loss"] == pytest.approx(reference.state.log_history[-1]["train_loss"],
                                                                       rel=1e-5)
+    assert petra.state.total_flos == reference.state.total_flos > 0  # Trainer's estimate, from the same batches
+    assert petra.state.log_history[-1]["total_flos"] == reference.state.log_history[-1]["total_flos"]
 
 
 def test_compute_loss_func_weighs_every_item_of_a_ragged_step_as_trainer_does(tmp_path):

@@ -25,17 +25,8 @@ from transformers.trainer_utils import PredictionOutput, TrainOutput, speed_metr
 
 from ..engine import Pipeline, group_sizes, merge_stages, replica_of
 from .arguments import PetraTrainingArguments
-from .batches import (
-    check_all_labels,
-    check_first_batch,
-    data_seed,
-    dataset_label,
-    epoch_batches,
-    make_loader,
-    plan_steps,
-    split_batch,
-)
-from .batches import repeated_first_batch
+from .batches import check_all_labels, check_first_batch, data_seed, dataset_label, epoch_batches, make_loader
+from .batches import plan_steps, repeated_first_batch, split_batch
 from .card import name_labels, save_run_folder, write_run_card
 from .card_data import record_evaluation
 from .checkpoint import PetraState, checkpoint_to_resume, end_with_the_best, load_stage_states, load_trainer_state
@@ -257,6 +248,8 @@ class PetraTrainer(Trainer):
         metrics = speed_metrics("train", start_time, num_samples=samples, num_steps=num_steps)
         metrics["train_loss"] = self._total_loss_scalar / max(1, self._losses_logged)
         metrics["train_runtime"] = round(time.time() - start_time, 4)
+        self.store_flos()
+        metrics["total_flos"] = self.state.total_flos
         self.log(metrics)
         end_with_the_best(self, self._get_output_dir(trial=trial))
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
@@ -279,6 +272,7 @@ class PetraTrainer(Trainer):
         pixel_values, labels = split_batch(batch)
         losses = self.pipeline.step(pixel_values, labels)
         self._pending.add(losses, len(pixel_values) * self.args.petra_data_parallel)
+        self.current_flos += float(self.floating_point_ops(batch))
         self._micro_batches_fed += 1
         self._model_synced = False
 
@@ -335,22 +329,28 @@ class PetraTrainer(Trainer):
         metrics = self.evaluate(ignore_keys=ignore_keys_for_eval)
         self._determine_best_metric(metrics=metrics, trial=trial)
 
-    def _log_training(self, force: bool = False) -> None:
+    def _log_training(self) -> None:
         window, self._unlogged = self._unlogged, LossWindow()
         self._total_loss_scalar += window.loss_sum
         self._losses_logged += window.losses
         logs = training_logs(window, self.pipeline, self.args)
         self._globalstep_last_logged = self.state.global_step
-        if logs or force:
+        self.store_flos()
+        if logs:
             self.log(logs)
+
+    def store_flos(self) -> None:
+        """Trainer's `total_flos`: `floating_point_ops` of each micro-batch fed, by every one of the D replicas."""
+        self.state.total_flos += self.current_flos * self.args.petra_data_parallel
+        self.current_flos = 0
 
     # -- evaluation and prediction ------------------------------------------------------------------------------------
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Drain, then run every batch forward through the stages with running batch-norm statistics. A dict of
         data sets is evaluated set by set, with prefixes `eval_<name>`."""
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
-        if isinstance(dataset, str):  # the name of one of a dict of eval data sets
-            metric_key_prefix, dataset = f"{metric_key_prefix}_{dataset}", eval_set_named(self.eval_dataset, dataset)
+        if isinstance(dataset, str):  # the name of one of a dict of eval data sets (the prefix stays, as in Trainer)
+            dataset = eval_set_named(self.eval_dataset, dataset)
         if isinstance(dataset, dict):
             metrics = {}
             for name, subset in dataset.items():
@@ -387,6 +387,7 @@ class PetraTrainer(Trainer):
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
     def _save_checkpoint(self, model, trial) -> None:
+        self.store_flos()
         write_checkpoint(self, self._get_output_dir(trial=trial), self._run_state())
 
     def _exportable_callbacks(self) -> list:
