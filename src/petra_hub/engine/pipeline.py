@@ -235,7 +235,7 @@ class Pipeline(Readings):
     def _step(self, inputs: Activation, targets: Any) -> list[tuple[int, torch.Tensor]]:
         micro_batch = self.fed
         self.fed += 1
-        self.router.batch_sizes[micro_batch] = as_tuple(inputs)[0].shape[0]
+        self.router.note_fed(micro_batch, inputs, targets)
         if micro_batch in self._probes:
             self._probes[micro_batch] = self.router.batch_sizes[micro_batch]
         if 0 in self.local:
@@ -284,7 +284,7 @@ class Pipeline(Readings):
         leftovers = self.router.leftovers() + list(self._targets)
         if leftovers or any(w.in_flight for w in self.workers.values()):
             raise PipelineError(f"drain left work behind on {self.describe_rank(self.rank)}: {leftovers}")
-        self.router.batch_sizes.clear()
+        self.router.forget_fed()
         return losses
 
     @torch.no_grad()

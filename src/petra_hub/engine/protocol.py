@@ -1,16 +1,15 @@
 """The header two neighbouring ranks swap before every exchange, and what they conclude from it.
 
 Before any payload moves between rank r and rank r+1 (every tick, every `infer`, `gather_stages` and
-`gradient_fidelity` pass) both send each other a `Header`: 12 int64 (96 bytes) saying what each is doing (a step
+`gradient_fidelity` pass) both send each other a `Header`: 13 int64 (104 bytes) saying what each is doing (a step
 tick, a drain tick, an inference, a gather, a reference pass), at which tick, after how many micro-batches, and
 which micro-batch of how many samples each expects to cross their boundary in each direction. Both ends fill the
-same fields from their own state, so in a consistent run the two headers are equal. Both ends then compare the same
-pair of headers with the same function (`check`), so a disagreement raises the same error, with the same text, on
-both ranks. With the sender's own check of every payload against the handshake's spec of its boundary (batch first,
-the same per-sample shapes and dtypes, the byte count the receiver derives: `Router.check_sent`), no payload of an
-unexpected size is ever posted (gloo aborts the process on a longer message and leaves the buffer's tail unwritten
-on a shorter).
-"""
+same fields from their own state (with a digest of the last micro-batch's targets: `digest`), so in a consistent run
+the two headers are equal. Both ends then compare the same pair of headers with the same function (`check`), so a
+disagreement raises the same error, with the same text, on both ranks. With the sender's own check of every payload
+against the handshake's spec of its boundary (batch first, the same per-sample shapes and dtypes, the byte count the
+receiver derives: `Router.check_sent`), no payload of an unexpected size is ever posted (gloo aborts the process on
+a longer message and leaves the buffer's tail unwritten on a shorter)."""
 
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ _ACTIONS = {STEP: "a step tick", DRAIN: "a drain tick", INFER: "infer", GATHER: 
             PROBE: "gradient_fidelity"}
 MAGIC = 0x50455452  # "PETR": a header that does not start with it is not one of ours
 NONE = -1  # no micro-batch crosses (or no batch size known)
-HEADER_LENGTH = 12
+HEADER_LENGTH = 13
 FEEDING_RULE = (
     "every rank must be fed the same micro-batches and call end_group, drain, infer and gather_stages at the same "
     "points"
@@ -59,6 +58,7 @@ class Header:
     backward_batch: int
     last_batch: int  # samples of the last micro-batch fed (INFER: of the inference batch; PROBE: of the probed one)
     extra: int
+    last_targets: int = NONE  # digest of the last micro-batch's targets (NONE: none, or not on the CPU)
 
     def tensor(self, device: torch.device) -> torch.Tensor:
         return torch.tensor((MAGIC, *astuple(self)), dtype=torch.int64, device=device)
@@ -86,9 +86,10 @@ class Header:
         return text + (f"; expects {' and '.join(crossing)})" if crossing else ")")
 
 
-def header_for(moment: Moment, left_stage: int, schedule, batch_sizes: dict[int, int], batch: int | None) -> Header:
+def header_for(moment: Moment, left_stage: int, schedule, batch_sizes: dict[int, int], batch: int | None,
+               digests: dict[int, int | None] | None = None) -> Header:
     """The header of the boundary between stage `left_stage` and the next one, as this rank sees it. `batch` is
-    the inference or probed batch (INFER and PROBE only)."""
+    the inference or probed batch (INFER and PROBE only); `digests` those of the micro-batches' targets."""
     forward = backward = NONE
     if moment.kind in (STEP, DRAIN):
         found = schedule.forward_at(left_stage, moment.tick, moment.fed)
@@ -109,6 +110,7 @@ def header_for(moment: Moment, left_stage: int, schedule, batch_sizes: dict[int,
         batch_sizes.get(backward, NONE) if backward != NONE else NONE,
         last_batch,
         moment.extra,
+        NONE if digests is None or digests.get(fed - 1) is None else digests[fed - 1],
     )
 
 
@@ -139,6 +141,12 @@ def check(left: Header | None, right: Header | None, left_rank: int, describe: C
                 f"{what} {_samples(a)} on {names[0]} but {_samples(b)} on {names[1]}: every rank must be fed the "
                 "same micro-batches, of the same size"
             )
+    if left.last_targets != right.last_targets:
+        raise StageMismatchError(
+            f"micro-batch {left.fed - 1} has other targets on {names[0]} than on {names[1]}: every rank must be fed "
+            "the same micro-batches in the same order (seed the data order alike on every rank, e.g. "
+            "DataLoader(..., generator=torch.Generator().manual_seed(0)))"
+        )
     raise PeerFailureError(f"{names[0]} and {names[1]} disagree: {left.describe(True)} / {right.describe(True)}")
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from .digest import targets_digest
 from .errors import StageMismatchError
 from .messages import Part, decode, encode, message_bytes, round_trip
 from .protocol import HEADER_LENGTH, Header, Moment, check, header_for
@@ -54,7 +55,19 @@ class Router:
         self.transport = transport
         self.specs: dict[int, ActivationSpec] = {}  # output spec of stage i, for the boundaries this rank touches
         self.batch_sizes: dict[int, int] = {}  # micro-batch -> its number of samples
+        self.digests: dict[int, int | None] = {}  # micro-batch -> the digest of its targets
         self._mail: dict[tuple[int, str], dict[int, Any]] = defaultdict(dict)
+
+    def note_fed(self, micro_batch: int, inputs: Activation, targets: Any) -> None:
+        """A micro-batch fed: its size and, where ranks swap headers, the digest of its targets (`digest`)."""
+        self.batch_sizes[micro_batch] = as_tuple(inputs)[0].shape[0]
+        if self.transport is not None:
+            self.digests[micro_batch] = targets_digest(targets)
+
+    def forget_fed(self) -> None:
+        """After a drain: every micro-batch fed has crossed every boundary."""
+        self.batch_sizes.clear()
+        self.digests.clear()
 
     # -- the mailbox ------------------------------------------------------------------------------------------------
     def put_input(self, micro_batch: int, inputs: Activation) -> None:
@@ -186,7 +199,7 @@ class Router:
         `batch`: the inference batch."""
         device = self.transport.device
         mine = {
-            peer: header_for(moment, self._boundary(peer), self.schedule, self.batch_sizes, batch)
+            peer: header_for(moment, self._boundary(peer), self.schedule, self.batch_sizes, batch, self.digests)
             for peer in self._neighbours(sides)
         }
         outgoing = [Outgoing(peer, HEADER_TAG, header.tensor(device), "the header") for peer, header in mine.items()]
