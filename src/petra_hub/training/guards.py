@@ -12,9 +12,8 @@ from itertools import chain
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
-from ..engine import Pipeline
+from ..engine import Pipeline, all_gather_json
 from ..models.loading_checks import non_finite_tensors
 from .distributed import together, world_size
 
@@ -31,10 +30,9 @@ def check_finite(pipeline: Pipeline, when: str) -> None:
             problem = f"stage {index} ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})"
             break
     if world_size() > 1:
-        problems = [None] * dist.get_world_size()
         with together(f"agree that every stage's weights are finite {when}"):
-            dist.all_gather_object(problems, problem)
-        problem = next((p for p in problems if p), None)
+            problems = all_gather_json(problem)  # JSON: a peer's message is never unpickled
+        problem = next((str(p) for p in problems if p), None)
     if problem:
         raise FloatingPointError(
             f"non-finite weights or batch-norm statistics in {problem} {when}: training diverged (lower the "
