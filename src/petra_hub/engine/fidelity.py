@@ -20,10 +20,9 @@ Costs only for probed micro-batches: two weight copies and one gradient per stag
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.func import functional_call
 
@@ -34,6 +33,7 @@ from .randomness import RngState, capture, replaying
 from .protocol import Moment
 from .routing import PROBE_BACKWARD_TAG, PROBE_FORWARD_TAG, Router
 from .tensors import Activation, as_tuple, detached, in_graph, like
+from .wire import WireError, all_gather_json
 
 
 @dataclass
@@ -174,10 +174,23 @@ def reference_gradients(
 def gather(results: list[StageFidelity], group, distributed: bool) -> list[StageFidelity]:
     """Every rank's results, on every rank of `group`, in (micro_batch, stage) order."""
     if distributed:
-        gathered = [None] * dist.get_world_size(group)
-        dist.all_gather_object(gathered, results, group=group)
-        results = [r for part in gathered for r in part]
+        gathered = all_gather_json([result.as_dict() for result in results], group)
+        try:
+            results = [StageFidelity(**_numbers(entry)) for part in gathered for entry in part]
+        except (TypeError, ValueError) as error:
+            raise WireError(f"a rank sent gradient-fidelity results that are not StageFidelity's: {error}") from None
     return sorted(results, key=lambda r: (r.micro_batch, r.stage))
+
+
+def _numbers(entry) -> dict:
+    """A StageFidelity's fields as a peer sent them (JSON): integers for the indices, numbers for the rest."""
+    names = [field.name for field in fields(StageFidelity)]
+    if not isinstance(entry, dict) or sorted(entry) != sorted(names):
+        raise ValueError(f"fields {sorted(entry) if isinstance(entry, dict) else type(entry).__name__}")
+    if any(type(entry[name]) is not int for name in names[:2]) or any(
+            type(entry[name]) not in (int, float) for name in names[2:]):
+        raise ValueError("a field that is not a number")
+    return entry
 
 
 def _copies(params: list[nn.Parameter]) -> list[torch.Tensor]:

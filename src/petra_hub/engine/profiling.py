@@ -28,6 +28,7 @@ from .messages import message_bytes
 from .modes import Mode
 from .randomness import preserved
 from .tensors import Activation, as_tuple, detached, to_device
+from .wire import WireError, broadcast_json
 
 
 @dataclass(frozen=True)
@@ -211,18 +212,28 @@ def auto_partition(stages: list[nn.Module], loss_fn: Callable, sample_batch, num
             options = graphs_an_even_split_keeps(stages, mode, sample_batch[0], num_ranks, options)
             costs = profile_stages(stages, sample_batch, loss_fn, mode=mode, **options)
             placement = Placement.auto(costs, num_ranks, accumulation_steps=options.get("accumulation_steps", 1))
-            outcome = ("sizes", [len(g) for g in placement.groups])
+            outcome = ["sizes", [len(g) for g in placement.groups]]
         except Exception as error:  # noqa: BLE001 - every rank must learn of it, or the others would wait forever
             if not distributed:
                 raise
-            outcome = ("error", f"{type(error).__name__}: {error}")
+            outcome = ["error", f"{type(error).__name__}: {error}"]
     if distributed:
-        box = [outcome]
-        dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
-        outcome = box[0]
+        outcome = broadcast_json(outcome, dist.get_global_rank(group, 0) if group is not None else 0, group)
+        if not _is_outcome(outcome):
+            raise WireError(f"partition='auto': pipeline rank 0 sent {str(outcome)[:80]}, not a partition")
     if outcome[0] == "error":
         raise RuntimeError(f"partition='auto': profiling the stages on pipeline rank 0 failed: {outcome[1]}")
     return outcome[1]
+
+
+def _is_outcome(value) -> bool:
+    """["sizes", [positive integers]] or ["error", text]: what pipeline rank 0 sends (JSON)."""
+    if not isinstance(value, list) or len(value) != 2:
+        return False
+    kind, body = value
+    if kind == "sizes":
+        return isinstance(body, list) and bool(body) and all(type(size) is int and size > 0 for size in body)
+    return kind == "error" and isinstance(body, str)
 
 
 def graphs_an_even_split_keeps(stages: list[nn.Module], mode: Mode | str, sample_inputs: Activation, num_ranks: int,

@@ -10,7 +10,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from ..engine import disagreements, peer_failure
+from ..engine import all_gather_json, broadcast_json, disagreements, peer_failure
 
 
 def launched_world_size() -> int:
@@ -161,9 +161,8 @@ def raise_on_every_rank():
     except Exception as caught:  # re-raised below, after the others have heard of it
         error = caught
     if world_size() > 1:
-        messages = [None] * dist.get_world_size()
         with together("hear whether every process passed its start-up checks"):
-            dist.all_gather_object(messages, None if error is None else f"{type(error).__name__}: {error}")
+            messages = all_gather_json(None if error is None else f"{type(error).__name__}: {error}")
         failed = [(rank, m) for rank, m in enumerate(messages) if m is not None]
         if failed and error is None:
             rank, message = failed[0]
@@ -207,18 +206,18 @@ def check_shared_output_dir(args) -> None:
     one process or without checkpoints)."""
     if world_size() <= 1 or args.save_strategy == "no":
         return
-    token = [os.urandom(8).hex() if dist.get_rank() == 0 else None]
     with together("agree on a mark to leave in output_dir"):
-        dist.broadcast_object_list(token)
-    marks = [os.path.join(args.output_dir, f".petra-shared-{token[0]}-{rank}") for rank in range(world_size())]
+        token = broadcast_json(os.urandom(8).hex() if dist.get_rank() == 0 else None, src=0)
+    if not isinstance(token, str) or not token.isalnum():
+        raise ValueError(f"process 0 sent {str(token)[:40]!r} as the mark for output_dir, not 16 hexadecimal digits")
+    marks = [os.path.join(args.output_dir, f".petra-shared-{token}-{rank}") for rank in range(world_size())]
     os.makedirs(args.output_dir, exist_ok=True)
     with open(marks[dist.get_rank()], "w", encoding="utf-8"):
         pass
     barrier("leave their marks in output_dir")
     unseen = [rank for rank, mark in enumerate(marks) if not os.path.exists(mark)]
-    everyone: list = [None] * world_size()
     with together("compare which marks in output_dir the processes see"):
-        dist.all_gather_object(everyone, unseen)  # returns once every rank has looked: the marks may go
+        everyone = all_gather_json(unseen)  # returns once every rank has looked: the marks may go
     os.remove(marks[dist.get_rank()])
     blind = {rank: missing for rank, missing in enumerate(everyone) if missing}
     if blind:

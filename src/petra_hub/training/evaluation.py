@@ -3,16 +3,16 @@ outputs, and the results reach every rank (so `evaluate` and `predict` agree eve
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from transformers.trainer_utils import EvalPrediction, speed_metrics
 
-from ..engine import Pipeline
+from ..engine import Pipeline, PipelineError, broadcast_json, broadcast_tensors
 from .batches import split_batch
 from .distributed import together, world_size
 
@@ -67,12 +67,40 @@ def run_inference(
                 metrics[key if key.startswith(f"{prefix}_") else f"{prefix}_{key}"] = value
         result = InferenceResult(all_logits if keep_outputs else None, all_labels if keep_outputs else None, metrics)
     if world_size() > 1:
-        holder = [result]
         with together(f"receive the {prefix} results from the last stage's process"):
-            dist.broadcast_object_list(holder, src=pipeline.last_stage_rank)
-        result = holder[0]
+            result = shared_result(result, pipeline.last_stage_rank, seen)
     result.metrics.update(speed_metrics(prefix, start, num_samples=seen, num_steps=batches))
     result.metrics = {
         k: (float(v) if isinstance(v, (np.floating, np.integer)) else v) for k, v in result.metrics.items()
     }
     return result
+
+
+def shared_result(result: InferenceResult | None, src: int, samples: int) -> InferenceResult:
+    """The last stage's `result` (None elsewhere) on every rank, never pickled: the metrics as JSON, the logits and
+    labels as tensors, whose first dimension must be the `samples` every rank read."""
+
+    def accept(rank: int, manifest: dict) -> None:
+        for name, (shape, _) in manifest.items():
+            if name not in ("logits", "labels") or not shape or shape[0] != samples or math.prod(shape) > samples << 20:
+                raise PipelineError(f"rank {src} sent {name} of shape {list(shape)} for {samples} evaluated samples")
+
+    arrays = None if result is None else {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in (
+        ("logits", result.logits), ("labels", result.label_ids)) if value is not None}
+    metrics = broadcast_json(None if result is None else _jsonable(result.metrics), src)
+    tensors = broadcast_tensors(arrays, src, accept=accept)
+    if not isinstance(metrics, dict):
+        raise PipelineError(f"rank {src} sent metrics that are not a JSON object")
+    numpy = {name: tensor.numpy() for name, tensor in tensors.items()}
+    return InferenceResult(numpy.get("logits"), numpy.get("labels"), metrics)
+
+
+def _jsonable(value):
+    """`compute_metrics`' values as JSON can carry them (numpy and torch numbers and arrays become numbers, lists)."""
+    if isinstance(value, dict):
+        return {str(key): _jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(item) for item in value]
+    if isinstance(value, (np.generic, np.ndarray)) or torch.is_tensor(value):
+        return value.tolist()
+    return value
