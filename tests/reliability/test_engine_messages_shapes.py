@@ -116,6 +116,17 @@ def test_one_process_refuses_an_output_that_changes_after_the_handshake(width):
     )
 
 
+def test_one_process_inference_refuses_an_output_that_changes_after_the_handshake():
+    """infer between two stages of one process: the same check as a message to another rank."""
+    run = pipeline([Switching(8), Head()])
+    with pytest.raises(StageMismatchError) as raised:
+        run.infer(torch.randn(8, 4))
+    assert str(raised.value) == (
+        "stage 0 sends its output for the inference batch (8 samples) as [8, 8] float32, but the start-up handshake "
+        f"recorded [B, 4] float32 for it (B = 8): {SAME_FOR_EVERY_MICRO_BATCH}"
+    )
+
+
 def test_a_wrong_gradient_is_refused_by_the_stage_that_sends_it():
     torch.manual_seed(0)
     run = pipeline([nn.Linear(4, 4), WrongGradient(), Head()])

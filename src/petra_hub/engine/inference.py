@@ -29,12 +29,16 @@ def evaluating(stages: list[nn.Module]) -> Iterator[None]:
 def forward_local(stages: list[nn.Module], local: range, value: Activation, precision: Precision,
                   router: Router) -> Activation:
     """`value` through the `local` stages under the policy's autocast; outputs cast to the stream dtype and, between
-    two local stages, rounded as crossing to another rank would (so one process equals many)."""
+    two local stages, rounded as crossing to another rank would (so one process equals many) and checked against the
+    handshake's spec as a message to another rank is."""
+    batch = as_tuple(value)[0].shape[0]
     for index in local:
         with precision.autocast(as_tuple(value)[0].device):
             value = stages[index](value)
         if index + 1 in local:
-            (value,) = round_trip([precision.cast_streams(value)], router.forward_parts(index))
+            value, parts = precision.cast_streams(value), router.forward_parts(index)
+            router.check_sent(index, [value], parts, batch, "the inference batch", ("its output",))
+            (value,) = round_trip([value], parts)
         elif index < len(stages) - 1:
             value = precision.cast_streams(value)
     return value
