@@ -7,6 +7,13 @@ from transformers import PretrainedConfig
 BLOCK_TYPES = ("basic", "bottleneck")
 STEMS = ("cifar", "imagenet")
 DOWNSAMPLINGS = ("buffered", "invertible")
+# Caps checked before anything is built from a configuration (a config.json can claim any size): the classes (as
+# petra_hub.data.sources.MAX_CLASSES; this file imports nothing of petra_hub), the layers, the blocks of all layers
+# and the parameters the sizes make together (8 GB of float32 weights; the paper's largest RevNet has 55 million).
+MAX_LABELS = 100_000
+MAX_LAYERS = 64
+MAX_BLOCKS = 10_000
+MAX_PARAMETERS = 2_000_000_000
 
 # The paper's models: ResNet depths, and per-stream widths equal to the ResNet widths.
 PRESETS = {
@@ -50,6 +57,88 @@ def canonical_preset(name: str) -> str | None:
     return key if key in PRESETS else None
 
 
+def _count(value) -> int | None:
+    """A size given as a plain integer (bools excluded), else None: other values are validate_architecture's."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _counts(values) -> list[int] | None:
+    if not isinstance(values, (list, tuple)) or len(values) > MAX_LAYERS:
+        return None
+    counts = [_count(value) for value in values]
+    return None if None in counts else [max(count, 0) for count in counts]
+
+
+def label_count(kwargs: dict) -> int | None:
+    """The number of classes `kwargs` (PretrainedConfig's) asks for: id2label's entries, else num_labels."""
+    id2label = kwargs.get("id2label")
+    return len(id2label) if isinstance(id2label, dict) else _count(kwargs.get("num_labels"))
+
+
+def check_label_count(kwargs: dict, name: str) -> int:
+    labels = label_count(kwargs)
+    if labels is not None and labels > MAX_LABELS:
+        key = "id2label" if isinstance(kwargs.get("id2label"), dict) else "num_labels"
+        raise ValueError(f"Invalid {name}: {key} makes {labels:,} classes, more than the cap of "
+                         f"{MAX_LABELS:,}")
+    return 2 if labels is None else labels
+
+
+def check_sizes(block_type, depths, hidden_sizes, embedding_size, stem, num_channels, downsampling, layer_strides,
+                kwargs: dict) -> None:
+    """Refuse, before anything is allocated from them, sizes beyond the caps: num_labels (or id2label), the number
+    of layers and of blocks, and the parameters the sizes make together (estimated as the model builds them)."""
+    labels = check_label_count(kwargs, "RevNetConfig")
+    for key, values in (("depths", depths), ("hidden_sizes", hidden_sizes), ("layer_strides", layer_strides)):
+        if isinstance(values, (list, tuple)) and len(values) > MAX_LAYERS:
+            raise ValueError(f"Invalid RevNetConfig: {key} has {len(values):,} entries (one per layer), more than the "
+                             f"cap of {MAX_LAYERS} layers")
+    depths, widths = _counts([2, 2, 2, 2] if depths is None else depths), _counts(
+        [64, 128, 256, 512] if hidden_sizes is None else hidden_sizes)
+    if depths is not None and sum(depths) > MAX_BLOCKS:
+        raise ValueError(f"Invalid RevNetConfig: depths {depths} make {sum(depths):,} blocks, more than the cap of "
+                         f"{MAX_BLOCKS:,}")
+    strides = _counts(([1] + [2] * (len(depths) - 1) if depths else []) if layer_strides is None else layer_strides)
+    sizes = (_count(embedding_size), _count(num_channels))
+    if None in (depths, widths, strides, *sizes) or not len(depths) == len(widths) == len(strides):
+        return  # validate_architecture names what is wrong
+    parameters = estimated_parameters(block_type, depths, widths, max(sizes[0], 0), stem, max(sizes[1], 0),
+                                      downsampling, strides, labels)
+    if parameters > MAX_PARAMETERS:
+        raise ValueError(
+            f"Invalid RevNetConfig: depths {depths}, hidden_sizes {widths}, embedding_size {embedding_size}, "
+            f"num_channels {num_channels} and {labels:,} labels make about {parameters:,} parameters, more than the "
+            f"cap of {MAX_PARAMETERS:,}"
+        )
+
+
+def estimated_parameters(block_type, depths, hidden_sizes, embedding_size, stem, num_channels, downsampling,
+                         layer_strides, num_labels) -> int:
+    """The weights of the convolutions and the classifier a RevNet of these sizes has (batch norms left out), as
+    `modeling_revnet.build_blocks` builds them, computed without building anything."""
+
+    def block(width: int, hidden: int) -> int:  # one reversible block's residual function
+        return 18 * width * hidden if block_type == "basic" else 2 * width * hidden + 9 * hidden * hidden
+
+    width = embedding_size
+    total = num_channels * 2 * embedding_size * (49 if stem == "imagenet" else 9)
+    for depth, layer_width, stride in zip(depths, hidden_sizes, layer_strides):
+        hidden = layer_width if block_type == "basic" else layer_width // 4
+        if depth and (stride != 1 or width != layer_width):
+            if downsampling == "invertible":
+                width *= 4 if stride == 2 else 1
+                total += block(width, hidden)
+            elif block_type == "basic":  # the buffered block: two 3x3 convolutions and a 1x1 projection
+                total += 9 * width * layer_width + 9 * layer_width * layer_width + width * layer_width
+                width = layer_width
+            else:  # the bottleneck's residual function (1x1, 3x3, 1x1) and two 1x1 projections
+                total += width * hidden + 9 * hidden * hidden + hidden * layer_width + 2 * width * layer_width
+                width = layer_width
+            depth -= 1
+        total += depth * block(width, hidden)
+    return total + 2 * width * num_labels
+
+
 class RevNetConfig(PretrainedConfig):
     r"""Configuration of a two-stream reversible ResNet.
 
@@ -85,6 +174,8 @@ class RevNetConfig(PretrainedConfig):
         initializer_range: float = 0.01,
         **kwargs,
     ):
+        check_sizes(block_type, depths, hidden_sizes, embedding_size, stem, num_channels, downsampling, layer_strides,
+                    kwargs)  # before PretrainedConfig builds id2label from num_labels
         self.block_type = block_type
         self.depths = list(depths) if depths is not None else [2, 2, 2, 2]
         self.hidden_sizes = list(hidden_sizes) if hidden_sizes is not None else [64, 128, 256, 512]

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
+# Caps checked before anything is built from a configuration (a config.json can claim any size): the classes (as
+# petra_hub.data.sources.MAX_CLASSES; this file imports nothing of petra_hub), the blocks, and the parameters the
+# sizes make together (8 GB of float32 weights; revvit-base has 87 million).
+MAX_LABELS = 100_000
+MAX_BLOCKS = 10_000
+MAX_PARAMETERS = 2_000_000_000
+
 # Widths and depths of the RevViT paper (ViT/DeiT sizes); patch 16 at 224x224.
 PRESETS = {
     "revvit-tiny": {"hidden_size": 192, "num_hidden_layers": 12, "num_attention_heads": 3},
@@ -38,6 +45,51 @@ def canonical_preset(name: str) -> str | None:
     """The `PRESETS` key `name` spells ("RevViT-S" is not guessed; "revvit_small", "REVVIT-SMALL" are)."""
     key = name.lower().replace("_", "-")
     return key if key in PRESETS else None
+
+
+def _count(value) -> int | None:
+    """A size given as a plain integer (bools excluded), else None: other values are validate_architecture's."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def check_sizes(image_size, patch_size, num_channels, hidden_size, num_hidden_layers, mlp_ratio, kwargs) -> None:
+    """Refuse, before anything is allocated from them, sizes beyond the caps: num_labels (or id2label), the number
+    of blocks, and the parameters the sizes make together (as the model builds them)."""
+    id2label = kwargs.get("id2label")
+    labels = len(id2label) if isinstance(id2label, dict) else _count(kwargs.get("num_labels"))
+    if labels is not None and labels > MAX_LABELS:
+        key = "id2label" if isinstance(id2label, dict) else "num_labels"
+        raise ValueError(f"Invalid RevViTConfig: {key} makes {labels:,} classes, more than the cap of "
+                         f"{MAX_LABELS:,}")
+    layers = _count(num_hidden_layers)
+    if layers is not None and layers > MAX_BLOCKS:
+        raise ValueError(f"Invalid RevViTConfig: num_hidden_layers={layers:,} is more than the cap of {MAX_BLOCKS:,}")
+    sizes = [_count(value) for value in (image_size, patch_size, num_channels, hidden_size, layers)]
+    intermediate = _count(kwargs.get("intermediate_size"))
+    if intermediate is None and sizes[3] is not None:
+        ratio = 4.0 if mlp_ratio is None else mlp_ratio
+        if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and 0 < ratio < float(MAX_PARAMETERS):
+            intermediate = int(sizes[3] * ratio)
+    if None in sizes or intermediate is None or min(*sizes, intermediate) < 1:
+        return  # validate_architecture names what is wrong
+    parameters = estimated_parameters(*sizes, intermediate, 2 if labels is None else labels)
+    if parameters > MAX_PARAMETERS:
+        raise ValueError(
+            f"Invalid RevViTConfig: image_size {image_size}, patch_size {patch_size}, num_channels {num_channels}, "
+            f"hidden_size {hidden_size}, num_hidden_layers {layers}, an MLP width of {intermediate} and "
+            f"{2 if labels is None else labels:,} labels make about {parameters:,} parameters, more than the cap of "
+            f"{MAX_PARAMETERS:,}"
+        )
+
+
+def estimated_parameters(image_size, patch_size, num_channels, hidden_size, num_hidden_layers, intermediate_size,
+                         num_labels) -> int:
+    """The weights of the patch embedding, position embeddings, blocks and classifier of a RevViT of these sizes
+    (biases and layer norms left out), computed without building anything."""
+    patches = (image_size // patch_size) ** 2
+    block = 4 * hidden_size * hidden_size + 2 * hidden_size * intermediate_size  # attention, MLP
+    return (num_channels * patch_size * patch_size * hidden_size + patches * hidden_size
+            + num_hidden_layers * block + 2 * hidden_size * num_labels)
 
 
 class RevViTConfig(PretrainedConfig):
@@ -78,6 +130,8 @@ class RevViTConfig(PretrainedConfig):
         preset: str | None = None,
         **kwargs,
     ):
+        check_sizes(image_size, patch_size, num_channels, hidden_size, num_hidden_layers, mlp_ratio,
+                    kwargs)  # before PretrainedConfig builds id2label from num_labels
         self.image_size = image_size
         self.patch_size = patch_size
         self.num_channels = num_channels

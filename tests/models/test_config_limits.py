@@ -1,0 +1,100 @@
+"""A configuration (a config.json can claim any size) is refused, naming the key and the cap, before anything is
+allocated from it: num_labels before PretrainedConfig builds id2label, layers and blocks, and the parameters the sizes
+make together, which each config file estimates exactly as its model builds them."""
+
+import json
+import time
+
+import pytest
+import torch
+from transformers import AutoConfig
+
+import petra_hub  # noqa: F401 - registers the model types
+from petra_hub.data.sources import MAX_CLASSES
+from petra_hub.models.revnet import RevNetConfig, RevNetForImageClassification, configuration_revnet
+from petra_hub.models.revvit import RevViTConfig, RevViTForImageClassification, configuration_revvit
+
+
+def _weights(model_class, config) -> int:
+    with torch.device("meta"):
+        model = model_class(config)
+    return sum(p.numel() for p in model.parameters() if p.dim() > 1)  # what the estimates count: no biases or norms
+
+
+def test_the_label_caps_are_the_data_sets_class_cap():
+    assert configuration_revnet.MAX_LABELS == configuration_revvit.MAX_LABELS == MAX_CLASSES == 100_000
+
+
+@pytest.mark.parametrize("config_class", [RevNetConfig, RevViTConfig])
+def test_num_labels_beyond_the_cap_is_refused_before_id2label_is_built(config_class):
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match=rf"^Invalid {config_class.__name__}: num_labels makes 10,000,000 classes, "
+                                         r"more than the cap of 100,000$"):
+        config_class(num_labels=10_000_000)
+    assert time.perf_counter() - started < 1.0  # building 10 million labels took 80 s
+    with pytest.raises(ValueError, match=r"id2label makes 100,001 classes, more than the cap of 100,000"):
+        config_class(id2label={i: str(i) for i in range(100_001)})
+    assert config_class(num_labels=100_000).num_labels == 100_000
+
+
+def test_a_saved_config_json_with_huge_num_labels_is_refused_by_autoconfig(tmp_path):
+    saved = RevNetConfig().to_dict()
+    del saved["id2label"], saved["label2id"]
+    saved["num_labels"] = 10_000_000
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match="num_labels makes 10,000,000 classes, more than the cap of 100,000"):
+        AutoConfig.from_pretrained(tmp_path)
+
+
+def test_revnet_widths_depths_and_layers_beyond_the_caps():
+    with pytest.raises(ValueError, match=r"depths \[100000000, 2\] make 100,000,002 blocks, more than the cap of "
+                                         r"10,000$"):
+        RevNetConfig(depths=[100_000_000, 2], hidden_sizes=[8, 8])
+    with pytest.raises(ValueError, match=r"depths has 65 entries \(one per layer\), more than the cap of 64 layers"):
+        RevNetConfig(depths=[1] * 65, hidden_sizes=[8] * 65)
+    with pytest.raises(ValueError, match=r"hidden_sizes \[100000, 100000, 100000, 100000\], embedding_size 64, "
+                                         r"num_channels 3 and 2 labels make about 1,380,\d{3},\d{3},\d{3} parameters, "
+                                         r"more than the cap of 2,000,000,000$"):
+        RevNetConfig(hidden_sizes=[100_000] * 4)
+    with pytest.raises(ValueError, match=r"make about [\d,]+ parameters, more than the cap"):  # streams 4x wider
+        RevNetConfig(embedding_size=8192, downsampling="invertible", hidden_sizes=[512] * 4)  # per stride-2 layer
+
+
+def test_revvit_sizes_beyond_the_caps():
+    with pytest.raises(ValueError, match=r"^Invalid RevViTConfig: num_hidden_layers=10,001 is more than the cap of "
+                                         r"10,000$"):
+        RevViTConfig(num_hidden_layers=10_001)
+    with pytest.raises(ValueError, match=r"image_size 65536, patch_size 1, .* make about [\d,]+ parameters, more "
+                                         r"than the cap of 2,000,000,000$"):
+        RevViTConfig(image_size=65_536, patch_size=1)  # 4 billion position embeddings per width
+    with pytest.raises(ValueError, match=r"an MLP width of 38400000 .* parameters, more than the cap"):
+        RevViTConfig(mlp_ratio=100_000.0)
+
+
+@pytest.mark.parametrize("preset,overrides", [
+    *[(name, {"downsampling": d, "stem": s}) for name in configuration_revnet.PRESETS
+      for d in ("buffered", "invertible") for s in ("cifar", "imagenet")],
+    ("revnet18", {"depths": [1, 3], "hidden_sizes": [8, 16], "embedding_size": 4, "layer_strides": [1, 1]}),
+])
+def test_the_revnet_estimate_is_the_models_count(preset, overrides):
+    config = RevNetConfig.from_preset(preset, num_labels=1000, **overrides)
+    estimate = configuration_revnet.estimated_parameters(
+        config.block_type, config.depths, config.hidden_sizes, config.embedding_size, config.stem,
+        config.num_channels, config.downsampling, config.layer_strides, config.num_labels)
+    assert estimate == _weights(RevNetForImageClassification, config)
+
+
+@pytest.mark.parametrize("preset", configuration_revvit.PRESETS)
+def test_the_revvit_estimate_is_the_models_count(preset):
+    config = RevViTConfig.from_preset(preset, num_labels=1000, mlp_ratio=3.0)
+    estimate = configuration_revvit.estimated_parameters(
+        config.image_size, config.patch_size, config.num_channels, config.hidden_size, config.num_hidden_layers,
+        config.intermediate_size, config.num_labels)
+    assert estimate == _weights(RevViTForImageClassification, config)
+
+
+def test_bad_types_are_still_validate_architectures_to_name():
+    with pytest.raises(ValueError, match="depths must be positive"):
+        RevNetConfig(depths=[2, "x", 2, 2])
+    with pytest.raises(ValueError, match="hidden_size must be a positive integer, got 'big'"):
+        RevViTConfig(hidden_size="big")
