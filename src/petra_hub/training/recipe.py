@@ -12,7 +12,8 @@ transformers' `run_image_classification.py`: `--dataset_name`, `--train_dir` / `
 
 Arguments (`recipe_arguments`): the fields of `ModelArguments`, `DataArguments` and `RecipeTrainingArguments` (whose
 defaults are the recipe's, so `--help` shows them). One YAML or JSON file, anywhere on the command line, is read with
-`HfArgumentParser.parse_dict`; flags given on the command line override it; `null` in the file unsets a value.
+`HfArgumentParser.parse_dict`; flags given on the command line override it; `null` unsets a value, in the file as
+on the command line (`--hidden_sizes null`: the preset's widths).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def _new_config(model_args: ModelArguments, data: RecipeData):
     overrides = {"downsampling": model_args.downsampling, "stem": model_args.stem or ("cifar" if small_images
                                                                                        else "imagenet")}
     if model_args.hidden_sizes and model_args.hidden_sizes != "paper":
-        overrides["hidden_sizes"] = [int(width) for width in str(model_args.hidden_sizes).split(",")]
+        overrides["hidden_sizes"] = [int(width) for width in model_args.hidden_sizes.split(",")]  # checked
     if model_args.embedding_size:
         overrides["embedding_size"] = model_args.embedding_size
     return family.config_class.from_preset(preset, **overrides)

@@ -10,6 +10,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass, field, fields
+from typing import get_args, get_type_hints
 
 import yaml
 from transformers import HfArgumentParser
@@ -24,6 +25,7 @@ from .recipe_data import DataArguments
 
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+NULLS = ("null", "Null", "NULL", "None")  # on the command line, what YAML's null is in the file: unset
 
 
 @dataclass
@@ -55,6 +57,22 @@ class ModelArguments:
         default=None, metadata={"help": "RevViT: stochastic depth, the last block's drop probability (rising "
                                         "linearly from 0 at the first); default: the preset's 0"}
     )
+
+    def __post_init__(self):
+        self.hidden_sizes = hidden_sizes_flag(self.hidden_sizes)
+
+
+def hidden_sizes_flag(value) -> str | None:
+    """`--hidden_sizes` checked: comma-separated positive integers (a YAML list of them is joined), 'paper' or None;
+    a ValueError naming the flag otherwise."""
+    if value is None or value == "paper":
+        return value
+    text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+    parts = [part.strip() for part in text.split(",")]
+    if not all(part.isdigit() and int(part) > 0 for part in parts):
+        raise ValueError(f"--hidden_sizes {value!r}: expected comma-separated positive integers, one width per "
+                         "layer (e.g. 16,32,64,128), 'paper' or null for the preset's widths")
+    return ",".join(parts)
 
 
 # The flags that shape a new model, by family: refused for the other family and with --model_name_or_path.
@@ -131,6 +149,39 @@ def _split_config_file(parser: HfArgumentParser, argv: list[str]) -> tuple[str |
     return (found[0] if found else None), rest
 
 
+def _optional_fields(parser: HfArgumentParser) -> set[str]:
+    """The fields that may be None (`X | None`, `Optional[X]`)."""
+    names = set()
+    for dtype in parser.dataclass_types:
+        hints = get_type_hints(dtype)  # the annotations: HfArgumentParser rewrites the fields' types
+        names.update(name for name, kind in hints.items() if type(None) in get_args(kind))
+    return names
+
+
+def _null_flags(parser: HfArgumentParser, argv: list[str]) -> tuple[list[str], dict]:
+    """(the other arguments, {name: None}) for the flags given `null` (or `None`) on the command line: as `null` in
+    the config file, it unsets a field that may be None (argparse would read the word as a string, or refuse it as
+    a number); for any other field it is an error naming the flag."""
+    optional, rest, nulls = _optional_fields(parser), [], {}
+    index = 0
+    while index < len(argv):
+        token = argv[index]
+        option, attached, value = token.partition("=") if token.startswith("--") else (token, "", None)
+        if not attached:
+            value = argv[index + 1] if token.startswith("--") and index + 1 < len(argv) else None
+        action = parser._option_string_actions.get(option)  # argparse's option table
+        if action is None or value not in NULLS or action.nargs == 0:
+            rest.append(token)
+            index += 1
+            continue
+        if action.dest not in optional:
+            raise ValueError(f"{option} {value}: this flag cannot be unset (it has no null value); give a value, or "
+                             "leave the flag out for its default")
+        nulls[action.dest] = None
+        index += 1 if attached else 2
+    return rest, nulls
+
+
 def _read_config_file(parser: HfArgumentParser, path: str) -> dict:
     with open(path, encoding="utf-8") as handle:
         values = json.load(handle) if path.lower().endswith(".json") else yaml.safe_load(handle)
@@ -162,10 +213,12 @@ def parse(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments,
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     config_file, flags = _split_config_file(parser, argv)
+    flags, nulls = _null_flags(parser, flags)
     values = _read_config_file(parser, config_file) if config_file else {}
     given = argparse.Namespace(**{name: _UNSET for name in _field_names(parser)})
     parser.parse_args(flags, namespace=given)  # only the flags present replace _UNSET
     values.update({key: value for key, value in vars(given).items() if value is not _UNSET})
+    values.update(nulls)
     if values.get("do_eval") is False and "eval_strategy" not in values:
         values["eval_strategy"] = "no"  # turning evaluation off turns off the recipe's default per-epoch evaluation
     check_architecture_flags(values)
