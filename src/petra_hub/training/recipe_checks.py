@@ -4,16 +4,65 @@ normalisation, refused with an error naming the column / setting before anything
 from __future__ import annotations
 
 import math
+import os
 
 from ..data import dataset_spec
 from ..data.sources import MAX_CLASSES, check_class_count
 
-__all__ = ["check_class_indices", "label_names_of", "normalisation"]
+__all__ = ["check_class_indices", "check_dataset_path", "check_image_folders", "label_names_of", "normalisation"]
 
 # Plain integer labels name the classes 0..max: refused when max+1 is far more than the distinct values seen (a
 # stray huge index would otherwise make that many classes), beyond this many classes.
 SPARSE_CLASSES = 1_000
 SPARSE_RATIO = 10
+PATH_PREFIXES = ("./", "../", "/", "~")  # a --dataset_name that starts so is a local path, no Hub id
+METADATA_FILES = ("metadata.csv", "metadata.jsonl", "metadata.parquet")  # imagefolder's labels without sub-folders
+
+
+def check_dataset_path(name: str) -> None:
+    """A --dataset_name that looks like a local path must exist (`datasets` would look it up on the Hub instead)."""
+    if (name in (".", "..") or name.startswith(PATH_PREFIXES)) and not os.path.exists(os.path.expanduser(name)):
+        raise ValueError(f"--dataset_name {name!r} is a local path, but there is no such file or folder: expected a "
+                         "folder (save_to_disk output, or data files) or a Hub id such as uoft-cs/cifar10")
+
+
+def check_image_folders(folders: dict[str, str]) -> None:
+    """`folders` ({flag: path}, e.g. {"train_dir": ...}) must be image folders as `imagefolder` reads them: one
+    sub-folder per class (its name is the label) holding images, at least two classes in all; a folder with a
+    metadata file (metadata.csv, ...) labels its images there and is not checked further."""
+    from datasets.packaged_modules.imagefolder.imagefolder import ImageFolder
+
+    extensions = tuple(extension.lower() for extension in ImageFolder.EXTENSIONS)
+    expected = "expected a folder of one sub-folder per class holding its images ({}/<class>/<image>; the sub-folder " \
+               "names are the labels)"
+    classes: dict[str, str] = {}
+    with_metadata = False
+    for flag, path in folders.items():
+        where = f"--{flag} {path!r}"
+        if not os.path.isdir(path):
+            what = "is a file, not a folder" if os.path.exists(path) else "does not exist"
+            raise ValueError(f"{where} {what}: {expected.format(path)}")
+        entries = sorted(os.scandir(path), key=lambda entry: entry.name)
+        if any(entry.name in METADATA_FILES for entry in entries):
+            with_metadata = True
+            continue
+        loose = [e.name for e in entries if e.is_file() and e.name.lower().endswith(extensions)]
+        found = [e.name for e in entries if e.is_dir() and _holds_an_image(e.path, extensions)]
+        if loose:
+            beside = f"beside the class sub-folders {found[:3]}" if found else "and no class sub-folders"
+            raise ValueError(f"{where} holds images at its top level ({loose[0]}, ...) {beside}: "
+                             f"{expected.format(path)} (--label_column_name does not apply to an image folder)")
+        if not found:
+            raise ValueError(f"{where} holds no images in sub-folders: {expected.format(path)}")
+        classes.update((name, flag) for name in found)
+    if len(classes) == 1 and not with_metadata:
+        (name, flag), = classes.items()
+        raise ValueError(f"--{flag} {folders[flag]!r} has a single class sub-folder ({name!r}): an image classifier "
+                         "needs at least two classes, one sub-folder each")
+
+
+def _holds_an_image(folder: str, extensions: tuple[str, ...]) -> bool:
+    return any(name.lower().endswith(extensions) for _, _, names in os.walk(folder) for name in names)
 
 
 def label_names_of(data, feature, label_column: str):

@@ -28,7 +28,7 @@ from ..data import (
     take,
 )
 from ..data.sources import to_rgb
-from .recipe_checks import check_class_indices, label_names_of, normalisation
+from .recipe_checks import check_class_indices, check_dataset_path, check_image_folders, label_names_of, normalisation
 
 __all__ = [
     "ApplyTransform",
@@ -280,6 +280,7 @@ def _open(args: DataArguments):
     import datasets
 
     if args.dataset_name:
+        check_dataset_path(args.dataset_name)
         path = os.path.expanduser(args.dataset_name)
         if os.path.isfile(os.path.join(path, "dataset_dict.json")) or os.path.isfile(os.path.join(path, "state.json")):
             loaded = _load_from_disk(path)  # save_to_disk output: a DatasetDict or one Dataset (train)
@@ -287,6 +288,8 @@ def _open(args: DataArguments):
         return datasets.load_dataset(args.dataset_name, args.dataset_config_name)
     files = {split: os.path.join(folder, "**") for split, folder in (("train", args.train_dir),
                                                                       ("validation", args.validation_dir)) if folder}
+    check_image_folders({flag: folder for flag, folder in (("train_dir", args.train_dir),
+                                                           ("validation_dir", args.validation_dir)) if folder})
     return datasets.load_dataset("imagefolder", data_files=files)
 
 
