@@ -40,3 +40,59 @@ def test_check_finite_agrees_over_json_not_pickles():
     for result in results:
         assert result["value"].startswith("FloatingPointError: non-finite weights or batch-norm statistics in "
                                           "stage 1 (weight) before saving: training diverged"), result
+
+
+# -- overwrite_output_dir ---------------------------------------------------------------------------------------------
+EARLIER_RUN = ["README.md", "all_results.json", "checkpoint-2", "config.json", "configuration_revvit.py",
+               "eval_results.json", "loading_checks.py", "model.safetensors", "modeling_revvit.py",
+               "petra_state.json", "predict_results.json", "predict_results.txt", "preprocessor_config.json",
+               "tmp-checkpoint-4", "train_results.json", "trainer_state.json", "training_args.bin"]
+USER_FILES = ["data", "my_notes.txt", "prepare.py", "results.csv"]
+
+
+def _earlier_run(folder):
+    for name in EARLIER_RUN + USER_FILES:
+        if name.startswith(("checkpoint-", "tmp-checkpoint-", "data")):
+            (folder / name).mkdir(parents=True)
+            (folder / name / "inside.json").write_text("{}")
+        else:
+            (folder / name).write_text("{}")
+
+
+def test_overwrite_removes_only_what_a_run_writes_and_logs_it(tmp_path, caplog):
+    from petra_hub.training.guards import clear_earlier_run
+
+    _earlier_run(tmp_path)
+    with caplog.at_level("WARNING", logger="petra_hub.training.guards"):
+        removed = clear_earlier_run(str(tmp_path), None)
+    assert removed == EARLIER_RUN
+    assert sorted(p.name for p in tmp_path.iterdir()) == USER_FILES
+    assert caplog.messages == [f"overwrite_output_dir: removed the earlier run's files from {tmp_path}: "
+                               + ", ".join(EARLIER_RUN)]
+
+
+def test_resuming_the_folders_own_checkpoint_removes_nothing(tmp_path):
+    from petra_hub.training.guards import clear_earlier_run
+
+    _earlier_run(tmp_path)
+    assert clear_earlier_run(str(tmp_path), str(tmp_path / "checkpoint-2")) == []
+    assert len(list(tmp_path.iterdir())) == len(EARLIER_RUN + USER_FILES)
+
+
+def test_the_recipe_overwriting_a_run_keeps_none_of_its_results(tmp_path, monkeypatch):
+    import json
+
+    from petra_hub.training import recipe
+
+    monkeypatch.chdir(tmp_path)
+    common = ["--max_steps", "1", "--max_eval_samples", "16", "--max_predict_samples", "16", "--output_dir", "out",
+              "--disable_tqdm", "true"]
+    recipe.run([*common, "--do_predict", "true", "--save_strategy", "steps", "--save_steps", "1"])
+    (tmp_path / "out" / "my_notes.txt").write_text("mine")
+    assert (tmp_path / "out" / "checkpoint-1").is_dir()
+    recipe.run([*common, "--do_eval", "false", "--overwrite_output_dir", "true"])
+    left = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert "checkpoint-1" not in left and "predict_results.txt" not in left and "eval_results.json" not in left
+    assert "my_notes.txt" in left and "train_results.json" in left
+    metrics = json.loads((tmp_path / "out" / "all_results.json").read_text())
+    assert "train_loss" in metrics and [key for key in metrics if key.startswith(("eval_", "predict_"))] == []

@@ -4,6 +4,7 @@ every drain point and save, a writable output folder with room for a checkpoint,
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import socket
@@ -19,6 +20,16 @@ from .distributed import together, world_size
 
 LOCK_NAME = ".petra_run.lock"
 RUN_FILES = ("trainer_state.json", "model.safetensors", "petra_state.json")
+# What a run writes at the top of output_dir, cleared by overwrite_output_dir (shell patterns; anything else stays):
+# checkpoints, metrics, the saved model (weights, configuration, processor, model card, the code files that
+# save_pretrained copies for trust_remote_code) and the training arguments.
+EARLIER_RUN_PATTERNS = (
+    *RUN_FILES, "checkpoint-*", "tmp-checkpoint-*", "*_results.json", "*_results.txt", "README.md", "config.json",
+    "generation_config.json", "preprocessor_config.json", "model-*.safetensors", "model.safetensors.index.json",
+    "pytorch_model*.bin", "training_args.bin", "configuration_rev*.py", "modeling_rev*.py", "loading_checks.py",
+)
+
+logger = logging.getLogger(__name__)
 
 
 def check_finite(pipeline: Pipeline, when: str) -> None:
@@ -78,6 +89,26 @@ def check_not_another_run(folder: str, resume_from_checkpoint: str | None, overw
         )
 
 
+def clear_earlier_run(folder: str, resume_from_checkpoint: str | None) -> list[str]:
+    """overwrite_output_dir: remove what an earlier run wrote in `folder` (`EARLIER_RUN_PATTERNS`), so that its
+    metrics, checkpoints and model files cannot mix with this run's (or be pushed with them); any other file stays.
+    Nothing is removed when resuming from a checkpoint of `folder`. Returns the names removed, also logged."""
+    if not os.path.isdir(folder) or (
+            resume_from_checkpoint and Path(resume_from_checkpoint).resolve().parent == Path(folder).resolve()):
+        return []
+    removed = sorted(p.name for p in Path(folder).iterdir() if any(p.match(pattern) for pattern in
+                                                                   EARLIER_RUN_PATTERNS))
+    for name in removed:
+        path = Path(folder, name)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    if removed:
+        logger.warning("overwrite_output_dir: removed the earlier run's files from %s: %s", folder, ", ".join(removed))
+    return removed
+
+
 class RunLock:
     """`output_dir/.petra_run.lock`, held by the saving process while it trains: a second run into the same folder
     fails at once instead of silently mixing checkpoints. A lock left by a dead process on this host is taken over."""
@@ -130,7 +161,8 @@ class RunLock:
 
 def preflight(args, model: torch.nn.Module, replica: int, resume_from_checkpoint: str | None) -> RunLock:
     """What can fail later is checked before any work: the output folder (writable, room for a checkpoint, not
-    another run's, not in use); returns its lock, taken where this process saves. (The checkpoint to resume from
+    another run's unless overwrite_output_dir, which clears the earlier run's files, not in use); returns its lock,
+    taken where this process saves. (The checkpoint to resume from
     is checked by `PetraTrainer.train`.)"""
     writes_checkpoints = args.save_strategy != "no" and replica == 0  # its stages' optimizer states
     if args.should_save or writes_checkpoints:
@@ -139,4 +171,6 @@ def preflight(args, model: torch.nn.Module, replica: int, resume_from_checkpoint
     if args.should_save:
         check_not_another_run(args.output_dir, resume_from_checkpoint, args.overwrite_output_dir)
         lock.acquire()
+        if args.overwrite_output_dir:
+            clear_earlier_run(args.output_dir, resume_from_checkpoint)
     return lock

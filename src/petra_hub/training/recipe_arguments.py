@@ -110,6 +110,12 @@ class RecipeTrainingArguments(PetraTrainingArguments):
     optim: OptimizerNames | str = _recipe_default("optim", "sgd")
     optim_args: str | None = _recipe_default("optim_args", "momentum=0.9,nesterov=True")
     remove_unused_columns: bool = _recipe_default("remove_unused_columns", False)  # transforms need the image column
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Train into an output_dir that holds another run (refused otherwise): before training, the "
+                          "earlier run's checkpoints, metrics (*_results.json/txt), model files, model card and code "
+                          "files are removed (logged by name); other files stay."},
+    )
 
 
 def build_parser() -> HfArgumentParser:
