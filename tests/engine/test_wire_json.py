@@ -140,3 +140,51 @@ def test_an_activation_spec_from_a_peer_is_checked():
                 {"tensors": [[[3], "float32"], [[3], "float32"]], "is_tuple": False}):
         with pytest.raises(ValueError):
             ActivationSpec.from_json(bad)
+
+
+def test_collectives_take_cuda_tensors_under_nccl_and_cpu_ones_otherwise(monkeypatch):
+    """NCCL moves CUDA tensors only: a JSON collective built on CPU tensors would fail on a GPU run at its first
+    start-up check. Every helper creates its tensors on `collective_device`."""
+    from petra_hub.engine import wire
+
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert wire.collective_device() == torch.device("cuda", 3)
+    for backend in ("gloo", "cpu:gloo,cuda:nccl"):
+        monkeypatch.setattr(dist, "get_backend", lambda group=None, backend=backend: backend)
+        assert wire.collective_device() == torch.device("cpu")
+
+
+def _on_the_collective_device(rank, world_size):
+    """Under gloo, every tensor a helper hands torch.distributed is on `collective_device`, which each asks."""
+    from petra_hub.engine import wire
+
+    asked, devices = [], set()
+    real = wire.collective_device
+    wire.collective_device = lambda group=None: asked.append(1) or real(group)
+    for name in ("all_gather", "broadcast", "send", "recv"):
+        original = getattr(dist, name)
+
+        def spy(tensor, *args, _original=original, **kwargs):
+            for item in tensor if isinstance(tensor, list) else [tensor]:
+                devices.add(str(item.device))
+            return _original(tensor, *args, **kwargs)
+
+        setattr(dist, name, spy)
+    all_gather_json(rank)
+    broadcast_json("x", src=0)
+    if rank == 0:
+        send_json(1, dst=1)
+    else:
+        recv_json(src=0)
+    gather_tensors({"w": torch.ones(2)})
+    broadcast_tensors({"w": torch.ones(2)} if rank == 0 else None, src=0)
+    return len(asked), sorted(devices)
+
+
+def test_every_helper_asks_where_its_tensors_go(tmp_path):
+    results, _, _ = run_ranks(_on_the_collective_device, 2, out_dir=tmp_path, deadline=60)
+    for result in results:
+        assert result is not None and "error" not in result, result and result.get("traceback")
+        asked, devices = result["value"]
+        assert asked >= 6 and devices == ["cpu"]

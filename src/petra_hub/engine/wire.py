@@ -69,30 +69,30 @@ def json_shape(shape: Any) -> tuple[int, ...]:
 # -- JSON ----------------------------------------------------------------------------------------------------------
 def all_gather_json(value: Any, group: dist.ProcessGroup | None = None, limit: int = JSON_LIMIT) -> list:
     """Every rank's `value` (JSON-serialisable), on every rank of `group`, in the group's rank order."""
-    data = _dumps(value)
+    data, device = _dumps(value), collective_device(group)
     world = dist.get_world_size(group)
-    lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(lengths, torch.tensor([data.numel()], dtype=torch.int64), group=group)
+    lengths = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+    dist.all_gather(lengths, torch.tensor([data.numel()], dtype=torch.int64, device=device), group=group)
     sizes = [int(length) for length in lengths]
     for rank, size in enumerate(sizes):
         _check_length(size, limit, _name(group, rank), "every rank")
     longest = max(sizes)
-    padded = torch.zeros(longest, dtype=torch.uint8)
-    padded[: data.numel()] = data
-    buffers = [torch.empty(longest, dtype=torch.uint8) for _ in range(world)]
+    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
+    padded[: data.numel()] = data.to(device)
+    buffers = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(world)]
     dist.all_gather(buffers, padded, group=group)
     return [_loads(buffer[:size], _name(group, rank)) for rank, (buffer, size) in enumerate(zip(buffers, sizes))]
 
 
 def broadcast_json(value: Any, src: int, group: dist.ProcessGroup | None = None, limit: int = JSON_LIMIT) -> Any:
     """`value` of global rank `src` on every rank of `group` (the others pass anything, e.g. None)."""
-    mine = dist.get_rank() == src
-    data = _dumps(value) if mine else None
-    length = torch.tensor([data.numel() if mine else 0], dtype=torch.int64)
+    mine, device = dist.get_rank() == src, collective_device(group)
+    data = _dumps(value).to(device) if mine else None
+    length = torch.tensor([data.numel() if mine else 0], dtype=torch.int64, device=device)
     dist.broadcast(length, src=src, group=group)
     size = int(length)
     _check_length(size, limit, f"rank {src}", "every rank")
-    buffer = data if mine else torch.empty(size, dtype=torch.uint8)
+    buffer = data if mine else torch.empty(size, dtype=torch.uint8, device=device)
     dist.broadcast(buffer, src=src, group=group)
     return value if mine else _loads(buffer, f"rank {src}")
 
@@ -100,19 +100,21 @@ def broadcast_json(value: Any, src: int, group: dist.ProcessGroup | None = None,
 def send_json(value: Any, dst: int, group: dist.ProcessGroup | None = None, limit: int = JSON_LIMIT,
               tag: int = 0) -> None:
     """Send `value` to global rank `dst`, which calls `recv_json` (its length first: both check it)."""
-    data = _dumps(value)
-    dist.send(torch.tensor([data.numel()], dtype=torch.int64), dst=dst, group=group, tag=tag)
+    device = collective_device(group)
+    data = _dumps(value).to(device)
+    dist.send(torch.tensor([data.numel()], dtype=torch.int64, device=device), dst=dst, group=group, tag=tag)
     _check_length(data.numel(), limit, f"rank {dist.get_rank()}", f"rank {dst}")
     dist.send(data, dst=dst, group=group, tag=tag)
 
 
 def recv_json(src: int, group: dist.ProcessGroup | None = None, limit: int = JSON_LIMIT, tag: int = 0) -> Any:
     """What global rank `src` sent with `send_json`."""
-    length = torch.zeros(1, dtype=torch.int64)
+    device = collective_device(group)
+    length = torch.zeros(1, dtype=torch.int64, device=device)
     dist.recv(length, src=src, group=group, tag=tag)
     size = int(length)
     _check_length(size, limit, f"rank {src}", f"rank {dist.get_rank()}")
-    buffer = torch.empty(size, dtype=torch.uint8)
+    buffer = torch.empty(size, dtype=torch.uint8, device=device)
     dist.recv(buffer, src=src, group=group, tag=tag)
     return _loads(buffer, f"rank {src}")
 
@@ -124,7 +126,9 @@ def gather_tensors(tensors: dict[str, torch.Tensor], group: dist.ProcessGroup | 
     rank order where they arrive (CPU tensors), None elsewhere. The manifests go to every rank first, and every rank
     checks every one (`accept(group_rank, manifest)` may raise, e.g. to refuse shapes it does not expect), so all
     ranks reach the same verdict before any tensor moves."""
+    device = collective_device(group)
     flat, manifest = _flatten(tensors)
+    flat = flat.to(device)
     manifests = all_gather_json(manifest, group, limit=MANIFEST_LIMIT)
     layouts = _agreed(group, lambda: [_layout(entries, _name(group, rank), accept, rank)
                                       for rank, entries in enumerate(manifests)])
@@ -132,7 +136,7 @@ def gather_tensors(tensors: dict[str, torch.Tensor], group: dist.ProcessGroup | 
     received: list[torch.Tensor | None] = [None] * len(layouts)
     if dst is None:
         for rank, layout in enumerate(layouts):
-            buffer = flat if rank == me else torch.empty(_total(layout), dtype=torch.uint8)
+            buffer = flat if rank == me else torch.empty(_total(layout), dtype=torch.uint8, device=device)
             if buffer.numel():
                 dist.broadcast(buffer, src=_global(group, rank), group=group)
             received[rank] = buffer
@@ -142,7 +146,7 @@ def gather_tensors(tensors: dict[str, torch.Tensor], group: dist.ProcessGroup | 
         return None
     else:
         for rank, layout in enumerate(layouts):
-            buffer = flat if rank == me else torch.empty(_total(layout), dtype=torch.uint8)
+            buffer = flat if rank == me else torch.empty(_total(layout), dtype=torch.uint8, device=device)
             if rank != me and buffer.numel():
                 dist.recv(buffer, src=_global(group, rank), group=group)
             received[rank] = buffer
@@ -154,12 +158,12 @@ def broadcast_tensors(tensors: dict[str, torch.Tensor] | None, src: int, group: 
     """The `tensors` of global rank `src` on every rank of `group` (CPU tensors; the others pass None). Every rank
     checks the manifest (`accept(group rank of src, manifest)` may raise a PipelineError), and the first refusal is
     raised on every rank before the buffer moves."""
-    mine = dist.get_rank() == src
+    mine, device = dist.get_rank() == src, collective_device(group)
     flat, manifest = _flatten(tensors) if mine else (None, None)
     entries = broadcast_json(manifest, src, group, limit=MANIFEST_LIMIT)
     rank = dist.get_group_rank(group, src) if group is not None else src
     layout = _agreed(group, lambda: _layout(entries, f"rank {src}", accept, rank))
-    buffer = flat if mine else torch.empty(_total(layout), dtype=torch.uint8)
+    buffer = flat.to(device) if mine else torch.empty(_total(layout), dtype=torch.uint8, device=device)
     if buffer.numel():
         dist.broadcast(buffer, src=src, group=group)
     return _unflatten(buffer, layout)
@@ -171,9 +175,17 @@ def _dumps(value: Any) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
+def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """Where a collective's tensors must be: NCCL moves CUDA tensors only (on this process's current device), gloo
+    and a mixed "cpu:gloo,cuda:nccl" backend take CPU ones."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _loads(buffer: torch.Tensor, sender: str) -> Any:
     try:
-        return json.loads(buffer.numpy().tobytes().decode())
+        return json.loads(buffer.cpu().numpy().tobytes().decode())
     except (UnicodeDecodeError, ValueError) as error:
         raise WireError(f"{sender} sent a message that is not JSON ({error})") from None
 
@@ -253,7 +265,8 @@ def _total(layout) -> int:
 
 
 def _unflatten(buffer: torch.Tensor, layout) -> dict[str, torch.Tensor]:
-    result, offset = {}, 0
+    """CPU tensors, whatever device the buffer crossed on."""
+    result, offset, buffer = {}, 0, buffer.cpu()
     for name, shape, dtype in layout:
         size = math.prod(shape) * dtype.itemsize
         result[name] = buffer[offset : offset + size].clone().view(dtype).reshape(shape)
