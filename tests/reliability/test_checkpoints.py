@@ -103,9 +103,10 @@ def test_another_runs_folder_is_refused_unless_overwritten(tmp_path):
     make_trainer(tmp_path, max_steps=2, save_strategy="steps", save_steps=2).train()
     with pytest.raises(FileExistsError, match="already holds another run"):
         make_trainer(tmp_path, max_steps=2).train()
-    make_trainer(tmp_path, max_steps=2, overwrite_output_dir=True).train()
     # Resuming the folder's own checkpoint is not "another run".
     make_trainer(tmp_path, max_steps=4).train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    make_trainer(tmp_path, max_steps=2, overwrite_output_dir=True).train()
+    assert not (tmp_path / "checkpoint-2").exists()  # the earlier run's checkpoints went with it
 
 
 def test_a_folder_in_use_is_refused_and_a_dead_runs_lock_is_taken_over(tmp_path):

@@ -54,7 +54,8 @@ class PetraTrainingArguments(TrainingArguments):
     overwrite_output_dir: bool = field(
         default=False,
         metadata={
-            "help": "Train into an output_dir that holds another run's checkpoints or model (refused otherwise)."
+            "help": "Train into an output_dir that holds another run (refused otherwise): its checkpoints, metrics, "
+                    "model files and model card are removed first; other files stay."
         },
     )
     petra_timeout: float = field(

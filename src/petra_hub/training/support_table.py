@@ -335,6 +335,7 @@ TRAINING_ARGUMENT_SUPPORT: dict[str, FieldSupport] = {
     ),
     # -- added back by PetraTrainingArguments (transformers 5 dropped it) ---------------------------------------------
     "overwrite_output_dir": _honoured(
-        "train into an output_dir that already holds another run's checkpoints or model (refused otherwise)"
+        "train into an output_dir that holds another run (refused otherwise): before training, that run's "
+        "checkpoints, metrics, model files and model card are removed, named in a log line; other files stay"
     ),
 }
