@@ -162,8 +162,7 @@ class RunLock:
 def preflight(args, model: torch.nn.Module, replica: int, resume_from_checkpoint: str | None) -> RunLock:
     """What can fail later is checked before any work: the output folder (writable, room for a checkpoint, not
     another run's unless overwrite_output_dir, which clears the earlier run's files, not in use); returns its lock,
-    taken where this process saves. (The checkpoint to resume from
-    is checked by `PetraTrainer.train`.)"""
+    taken where this process saves. (The checkpoint to resume from is checked by `PetraTrainer.train`.)"""
     writes_checkpoints = args.save_strategy != "no" and replica == 0  # its stages' optimizer states
     if args.should_save or writes_checkpoints:
         check_output_dir(args.output_dir, model)
