@@ -1,5 +1,5 @@
-"""Checks every petra_hub model family runs when it loads a saved model: a clear error for a missing or malformed
-config.json, and a warning naming the weights or statistics that hold NaN or infinity.
+"""Checks every petra_hub model family runs when it loads a saved model (a clear error for a missing or malformed
+config.json, a warning naming the weights or statistics that hold NaN or infinity) and on the labels of its loss.
 
 One file for all families: `revnet/loading_checks.py` and `revvit/loading_checks.py` are links to this file, and
 each modeling file imports it relatively (`from .loading_checks import ...`). `save_pretrained` copies a modeling
@@ -71,3 +71,27 @@ def check_config_file(path: str, model_name: str = "model") -> None:
         raise ValueError(f"{path} is not valid JSON ({error})") from None
     if not isinstance(content, dict):
         raise ValueError(f"{path} must hold a JSON object of configuration fields, got a {type(content).__name__}")
+
+
+IGNORE_INDEX = -100  # transformers' cross-entropy skips the items labelled so
+
+
+def check_labels(labels: torch.Tensor, logits: torch.Tensor, config) -> None:
+    """Raise a ValueError unless `labels` fit `logits`: one entry per image, and for single-label classification
+    (`config.problem_type`, else inferred as transformers' loss does) class indices or IGNORE_INDEX."""
+    if labels.shape[0] != logits.shape[0]:
+        raise ValueError(f"labels has {labels.shape[0]} entries for a batch of {logits.shape[0]} images")
+    problem_type = config.problem_type
+    if problem_type is None and config.num_labels > 1 and labels.dtype in (torch.long, torch.int):
+        problem_type = "single_label_classification"
+    if problem_type != "single_label_classification" or labels.is_floating_point():
+        return
+    counted = labels[labels != IGNORE_INDEX]
+    if counted.numel() == 0:
+        return
+    low, high = int(counted.min()), int(counted.max())
+    if low < 0 or high >= config.num_labels:
+        raise ValueError(
+            f"labels must lie in [0, {config.num_labels - 1}] (config.num_labels={config.num_labels}), got values "
+            f"in [{low}, {high}] ({IGNORE_INDEX} marks an image the loss ignores)"
+        )

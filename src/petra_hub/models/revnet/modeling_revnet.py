@@ -22,7 +22,7 @@ from transformers.modeling_outputs import (
 )
 
 from .configuration_revnet import RevNetConfig
-from .loading_checks import CheckedLoadingMixin
+from .loading_checks import CheckedLoadingMixin, check_labels
 
 Streams = tuple[torch.Tensor, torch.Tensor]
 
@@ -215,30 +215,6 @@ def build_blocks(config: RevNetConfig) -> tuple[list[nn.Module], int]:
             else:  # a channel change without a stride has no invertible counterpart: keep the width
                 blocks.append(ReversibleBlock(config, width, hidden))
     return blocks, width
-
-
-IGNORE_INDEX = -100  # transformers' cross-entropy skips the items labelled so
-
-
-def check_labels(labels: torch.Tensor, logits: torch.Tensor, config) -> None:
-    """Raise a ValueError unless `labels` fit `logits`: one entry per image, and for single-label classification
-    (`config.problem_type`, else inferred as transformers' loss does) class indices or IGNORE_INDEX."""
-    if labels.shape[0] != logits.shape[0]:
-        raise ValueError(f"labels has {labels.shape[0]} entries for a batch of {logits.shape[0]} images")
-    problem_type = config.problem_type
-    if problem_type is None and config.num_labels > 1 and labels.dtype in (torch.long, torch.int):
-        problem_type = "single_label_classification"
-    if problem_type != "single_label_classification" or labels.is_floating_point():
-        return
-    counted = labels[labels != IGNORE_INDEX]
-    if counted.numel() == 0:
-        return
-    low, high = int(counted.min()), int(counted.max())
-    if low < 0 or high >= config.num_labels:
-        raise ValueError(
-            f"labels must lie in [0, {config.num_labels - 1}] (config.num_labels={config.num_labels}), got values "
-            f"in [{low}, {high}] ({IGNORE_INDEX} marks an image the loss ignores)"
-        )
 
 
 class RevNetPreTrainedModel(CheckedLoadingMixin, PreTrainedModel):
