@@ -47,14 +47,23 @@ EARLIER_RUN = ["README.md", "all_results.json", "checkpoint-2", "config.json", "
                "eval_results.json", "loading_checks.py", "model.safetensors", "modeling_revvit.py",
                "petra_state.json", "predict_results.json", "predict_results.txt", "preprocessor_config.json",
                "tmp-checkpoint-4", "train_results.json", "trainer_state.json", "training_args.bin"]
-USER_FILES = ["data", "my_notes.txt", "prepare.py", "results.csv"]
+# a user's files beside the run, some named like a run's (a reviewer's repro: all of these were deleted)
+USER_FILES = ["ablation_results.json", "checkpoint-3", "checkpoint-drafts", "checkpoint-plan.txt", "data",
+              "modeling_revision_notes.py", "my_notes.txt", "prepare.py", "results.csv"]
+OUR_CARD = "---\nlibrary_name: transformers\ntags:\n- petra\n- petra_hub\n---\n\n# revvit-tiny-digits-petra\n"
 
 
-def _earlier_run(folder):
-    for name in EARLIER_RUN + USER_FILES:
+def _write(folder, names):
+    for name in names:
         if name.startswith(("checkpoint-", "tmp-checkpoint-", "data")):
             (folder / name).mkdir(parents=True)
-            (folder / name / "inside.json").write_text("{}")
+            marked = name in ("checkpoint-2", "tmp-checkpoint-4")  # a run's checkpoint holds its files
+            (folder / name / ("trainer_state.json" if name == "checkpoint-2" else
+                              "petra_stage_000.pt" if marked else "notes.json")).write_text("{}")
+        elif name == "config.json":
+            (folder / name).write_text('{"model_type": "revvit"}')
+        elif name == "README.md":
+            (folder / name).write_text(OUR_CARD)
         else:
             (folder / name).write_text("{}")
 
@@ -62,7 +71,7 @@ def _earlier_run(folder):
 def test_overwrite_removes_only_what_a_run_writes_and_logs_it(tmp_path, caplog):
     from petra_hub.training.guards import clear_earlier_run
 
-    _earlier_run(tmp_path)
+    _write(tmp_path, EARLIER_RUN + USER_FILES)
     with caplog.at_level("WARNING", logger="petra_hub.training.guards"):
         removed = clear_earlier_run(str(tmp_path), None)
     assert removed == EARLIER_RUN
@@ -71,10 +80,28 @@ def test_overwrite_removes_only_what_a_run_writes_and_logs_it(tmp_path, caplog):
                                + ", ".join(EARLIER_RUN)]
 
 
+def test_overwrite_removes_nothing_without_an_earlier_run_nor_what_is_not_petra_hubs(tmp_path):
+    from petra_hub.training.guards import clear_earlier_run
+
+    project = tmp_path / "project"  # output_dir="." in a project folder: no earlier run there
+    project.mkdir()
+    not_a_run = ("trainer_state.json", "petra_state.json", "model.safetensors", "checkpoint-2", "tmp-checkpoint-4")
+    _write(project, [name for name in EARLIER_RUN if name not in not_a_run] + USER_FILES)
+    before = sorted(p.name for p in project.iterdir())
+    assert clear_earlier_run(str(project), None) == [] and sorted(p.name for p in project.iterdir()) == before
+    run = tmp_path / "run"  # a run beside another model's card, configuration and code
+    run.mkdir()
+    _write(run, ["trainer_state.json", "modeling_revvit.py"])
+    (run / "README.md").write_text("# my project\n")
+    (run / "config.json").write_text('{"model_type": "bert"}')
+    assert clear_earlier_run(str(run), None) == ["trainer_state.json"]
+    assert sorted(p.name for p in run.iterdir()) == ["README.md", "config.json", "modeling_revvit.py"]
+
+
 def test_resuming_the_folders_own_checkpoint_removes_nothing(tmp_path):
     from petra_hub.training.guards import clear_earlier_run
 
-    _earlier_run(tmp_path)
+    _write(tmp_path, EARLIER_RUN + USER_FILES)
     assert clear_earlier_run(str(tmp_path), str(tmp_path / "checkpoint-2")) == []
     assert len(list(tmp_path.iterdir())) == len(EARLIER_RUN + USER_FILES)
 

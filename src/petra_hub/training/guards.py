@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import time
@@ -20,14 +21,17 @@ from .distributed import together, world_size
 
 LOCK_NAME = ".petra_run.lock"
 RUN_FILES = ("trainer_state.json", "model.safetensors", "petra_state.json")
-# What a run writes at the top of output_dir, cleared by overwrite_output_dir (shell patterns; anything else stays):
-# checkpoints, metrics, the saved model (weights, configuration, processor, model card, the code files that
-# save_pretrained copies for trust_remote_code) and the training arguments.
-EARLIER_RUN_PATTERNS = (
-    *RUN_FILES, "checkpoint-*", "tmp-checkpoint-*", "*_results.json", "*_results.txt", "README.md", "config.json",
-    "generation_config.json", "preprocessor_config.json", "model-*.safetensors", "model.safetensors.index.json",
-    "pytorch_model*.bin", "training_args.bin", "configuration_rev*.py", "modeling_rev*.py", "loading_checks.py",
-)
+# What a run writes at the top of output_dir, cleared by overwrite_output_dir when an earlier run is there (its
+# RUN_FILES or checkpoints); nothing else is touched. Checkpoint folders must hold a run's files, and the model
+# card, the configuration and the code files save_pretrained copies must be petra_hub's.
+RUN_OUTPUTS = {*RUN_FILES, "training_args.bin", "preprocessor_config.json", "model.safetensors.index.json",
+               "all_results.json", "train_results.json", "eval_results.json", "predict_results.json",
+               "predict_results.txt"}
+CHECKPOINT_FOLDER = re.compile(r"(tmp-)?checkpoint-\d+")
+SHARDS = re.compile(r"model-\d+-of-\d+\.safetensors")
+FAMILY_CODE = {"revnet": ("configuration_revnet.py", "modeling_revnet.py", "loading_checks.py"),
+               "revvit": ("configuration_revvit.py", "modeling_revvit.py", "loading_checks.py")}
+CHECKPOINT_MARKS = ("trainer_state.json", "petra_state.json", "petra_stage_*.pt", "rng_state_*.pth")
 
 logger = logging.getLogger(__name__)
 
@@ -90,14 +94,14 @@ def check_not_another_run(folder: str, resume_from_checkpoint: str | None, overw
 
 
 def clear_earlier_run(folder: str, resume_from_checkpoint: str | None) -> list[str]:
-    """overwrite_output_dir: remove what an earlier run wrote in `folder` (`EARLIER_RUN_PATTERNS`), so that its
-    metrics, checkpoints and model files cannot mix with this run's (or be pushed with them); any other file stays.
-    Nothing is removed when resuming from a checkpoint of `folder`. Returns the names removed, also logged."""
+    """overwrite_output_dir: remove what an earlier run wrote in `folder`, so that its metrics, checkpoints and
+    model files cannot mix with this run's (or be pushed with them). Only where an earlier run is there (one of
+    `RUN_FILES` or of its checkpoints), only its outputs (`earlier_run_outputs`), never when resuming from a
+    checkpoint of `folder`. Returns the names removed, also logged."""
     if not os.path.isdir(folder) or (
             resume_from_checkpoint and Path(resume_from_checkpoint).resolve().parent == Path(folder).resolve()):
         return []
-    removed = sorted(p.name for p in Path(folder).iterdir() if any(p.match(pattern) for pattern in
-                                                                   EARLIER_RUN_PATTERNS))
+    removed = earlier_run_outputs(Path(folder))
     for name in removed:
         path = Path(folder, name)
         if path.is_dir() and not path.is_symlink():
@@ -107,6 +111,42 @@ def clear_earlier_run(folder: str, resume_from_checkpoint: str | None) -> list[s
     if removed:
         logger.warning("overwrite_output_dir: removed the earlier run's files from %s: %s", folder, ", ".join(removed))
     return removed
+
+
+def earlier_run_outputs(folder: Path) -> list[str]:
+    """The names of what an earlier petra_hub run wrote at the top of `folder`: none unless one of its `RUN_FILES` or
+    checkpoints is there."""
+    family = _model_type(folder / "config.json")
+    ours = set(FAMILY_CODE.get(family, ())) | ({"config.json"} if family in FAMILY_CODE else set())
+    if _is_our_card(folder / "README.md"):
+        ours.add("README.md")
+    names = []
+    for path in folder.iterdir():
+        if path.is_dir() and not path.is_symlink():
+            if CHECKPOINT_FOLDER.fullmatch(path.name) and any(any(path.glob(mark)) for mark in CHECKPOINT_MARKS):
+                names.append(path.name)
+        elif path.name in RUN_OUTPUTS or path.name in ours or SHARDS.fullmatch(path.name):
+            names.append(path.name)
+    earlier = any(name in RUN_FILES or CHECKPOINT_FOLDER.fullmatch(name) for name in names)
+    return sorted(names) if earlier else []
+
+
+def _model_type(config: Path) -> str | None:
+    try:
+        value = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value.get("model_type") if isinstance(value, dict) else None
+
+
+def _is_our_card(card: Path) -> bool:
+    """A model card petra_hub wrote: its YAML header tags it `petra_hub`."""
+    try:
+        text = card.read_text(encoding="utf-8", errors="replace")[:8192]
+    except OSError:
+        return False
+    header = text.split("---", 2)[1] if text.startswith("---") and text.count("---") >= 2 else ""
+    return "petra_hub" in header
 
 
 class RunLock:
