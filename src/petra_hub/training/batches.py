@@ -69,10 +69,27 @@ def check_first_batch(model, collator, dataset, what: str = "train_dataset") -> 
     num_labels = getattr(model.config, "num_labels", None)
     if not torch.is_tensor(labels):
         raise ValueError(f"'labels' must be a tensor, got {type(labels).__name__} from {what}")
-    if num_labels and not labels.is_floating_point() and not 0 <= int(labels.min()) <= int(labels.max()) < num_labels:
+    counted = class_indices(labels, num_labels, getattr(model.config, "problem_type", None))
+    if counted is not None and not 0 <= int(counted.min()) <= int(counted.max()) < num_labels:
         raise ValueError(
-            f"labels must lie in [0, {num_labels - 1}], got {labels.tolist()} in the first items of {what}"
+            f"labels must lie in [0, {num_labels - 1}] ({IGNORE_INDEX} marks an image the loss ignores), got "
+            f"{labels.tolist()} in the first items of {what}"
         )
+
+
+IGNORE_INDEX = -100  # transformers' losses skip the items labelled so
+
+
+def class_indices(labels: torch.Tensor, num_labels: int | None, problem_type: str | None) -> torch.Tensor | None:
+    """The labels to check against [0, num_labels): those of single-label classification (`problem_type`, else
+    integer labels and several classes, as transformers' loss infers it) other than IGNORE_INDEX; None when there is
+    nothing to check (regression, multi-label, float labels, only ignored items)."""
+    if not num_labels or labels.is_floating_point() or problem_type not in (None, "single_label_classification"):
+        return None
+    if problem_type is None and num_labels == 1:
+        return None
+    counted = labels[labels != IGNORE_INDEX]
+    return counted if counted.numel() else None
 
 
 def make_loader(args, collator, dataset, batch_size: int, sampler=None) -> DataLoader:
@@ -142,23 +159,25 @@ def plan_steps(loader: DataLoader, args) -> tuple[int | None, int, int]:
     return per_epoch, steps_per_epoch, max_steps
 
 
-def check_all_labels(dataset, num_labels: int | None, what: str = "train_dataset", collator=None) -> None:
-    """Every label of an in-memory data set, checked before training (not only the first batch's): integers in
-    [0, num_labels). Data sets that only produce labels when read (a plain torch Dataset, a stream) are checked batch
-    by batch by the loss instead. A `datasets.Dataset`'s label column is the one the collator reads (its
-    `label_column`, as the recipe's ImageClassificationCollator has), else the one its transform names (the recipe's
-    ApplyTransform), else "labels" or "label"."""
+def check_all_labels(dataset, num_labels: int | None, what: str = "train_dataset", collator=None,
+                     problem_type: str | None = None) -> None:
+    """Every label of an in-memory data set, checked before training (not only the first batch's): class indices in
+    [0, num_labels) or IGNORE_INDEX, for single-label classification (`class_indices`); floating-point labels of one
+    value per item cannot be the targets of several classes. Data sets that only produce labels when read (a plain
+    torch Dataset, a stream) are checked batch by batch by the loss instead. A `datasets.Dataset`'s label column is
+    the one the collator reads (its `label_column`, as the recipe's ImageClassificationCollator has), else the one
+    its transform names (the recipe's ApplyTransform), else "labels" or "label"."""
     labels, column = _all_labels(dataset, getattr(collator, "label_column", None))
-    if labels is None or not num_labels or labels.numel() == 0:
-        return
     of = f"{what} (column {column!r})" if column else what
-    if labels.is_floating_point():
-        raise ValueError(
-            f"{of} has floating-point labels ({labels[:5].tolist()}, ...): class labels must be integers"
-        )
-    low, high = int(labels.min()), int(labels.max())
+    if labels is not None and labels.is_floating_point() and labels.dim() == 1 and (num_labels or 0) > 1:
+        raise ValueError(f"{of} has floating-point labels ({labels[:5].tolist()}, ...), one per item: class labels "
+                         f"must be integers (multi-label and regression targets are [items, {num_labels}])")
+    counted = None if labels is None else class_indices(labels, num_labels, problem_type)
+    if counted is None:
+        return
+    low, high = int(counted.min()), int(counted.max())
     if low < 0 or high >= num_labels:
-        bad = int(((labels < 0) | (labels >= num_labels)).nonzero()[0])
+        bad = int((((labels < 0) & (labels != IGNORE_INDEX)) | (labels >= num_labels)).nonzero()[0])
         raise ValueError(
             f"{of} has labels outside [0, {num_labels - 1}] (the model's num_labels={num_labels}): "
             f"item {bad} is labelled {int(labels[bad])}"

@@ -159,8 +159,8 @@ class PetraTrainer(Trainer):
         if args.petra_partition == "auto" or args.memory_budget_bytes() is not None:  # measured on it
             micro_batch = args.per_device_train_batch_size
             self._profile_batch = repeated_first_batch(self.data_collator, loader.dataset, micro_batch)
-        num_labels = getattr(self.model.config, "num_labels", None)
-        check_all_labels(self.train_dataset, num_labels, collator=self.data_collator)
+        check_all_labels(self.train_dataset, self.model.config.num_labels, collator=self.data_collator,
+                         problem_type=self.model.config.problem_type)
         per_epoch, steps_per_epoch, max_steps = plan_steps(loader, args)
 
         check_same_run(args, dataset_label(self.train_dataset))  # before any rank writes or trains
