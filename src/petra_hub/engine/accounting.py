@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -42,8 +42,14 @@ class StageCounters:
     skipped_updates: int = 0  # fp16: accumulation groups dropped for a non-finite gradient (see precision)
     reconstruction_error: float | None = None  # sampled check: relative error of the last rebuilt input checked
     reconstruction_checks: int = 0
-    grad_norm: float | None = None  # norm of the averaged gradient of the last update (before clipping)
     learning_rate: float | None = None  # the learning rate the last update used
+    # the norm of the averaged gradient of the last update, before clipping, kept on the stage's device: reading it
+    # at every update would make the host wait for the device (`grad_norm` reads it)
+    last_grad_norm: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def grad_norm(self) -> float | None:
+        return None if self.last_grad_norm is None else float(self.last_grad_norm)
 
 
 def nbytes(values: Iterable[torch.Tensor], exclude: Iterable[torch.Tensor] = (), seen: set | None = None) -> int:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from .errors import StageMismatchError, peer_failure
 from .wire import WireError, all_gather_json, gather_tensors
@@ -29,8 +30,8 @@ def gather_stages(
     stages before any tensor moves (`wire.gather_tensors`; nothing is unpickled). A collective failure (a peer died
     or left) becomes a PeerFailureError."""
     mine = {f"{i}.{k}": v for i in local for k, v in stages[i].state_dict().items()}
-    expected = {f"{i}.{k}": (tuple(v.shape), v.dtype) for i, stage in enumerate(stages)
-                for k, v in stage.state_dict().items()}
+    expected = {f"{i}.{k}": (None if is_lazy(v) else tuple(v.shape), v.dtype) for i, stage in enumerate(stages)
+                for k, v in stage.state_dict().items()}  # lazy: not built here (the stage never ran on this rank)
     accept = functools.partial(_expected_states, expected, len(stages), describe, describe(rank))
     with peer_failure(f"gather the stages onto {'every rank' if dst is None else describe(dst)}", describe(rank)):
         gathered = gather_tensors(mine, group, None if dst is None else global_ranks[dst], accept)
@@ -57,8 +58,8 @@ def _expected_states(expected: dict, count: int, describe: Callable[[int], str],
         if not index.isdigit() or int(index) >= count:
             raise StageMismatchError(f"{describe(rank)} sent {key!r}, which names no stage of the {count}")
         ours = expected.get(key)
-        if ours != (shape, dtype):
-            have = "nothing" if ours is None else f"{list(ours[0])} {ours[1]}"
+        if ours != (shape, dtype) and not (ours is not None and ours[0] is None and ours[1] == dtype):
+            have = "nothing" if ours is None else f"{'a lazy' if ours[0] is None else list(ours[0])} {ours[1]}"
             raise StageMismatchError(f"{describe(rank)} sent stage {index}'s {name!r} as {list(shape)} {dtype}, but "
                                      f"{me} has {have} for it: every rank must build the same stages")
         announced.add(index)

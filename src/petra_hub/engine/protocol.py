@@ -14,7 +14,7 @@ a longer message and leaves the buffer's tail unwritten on a shorter)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, replace
 
 import torch
 
@@ -58,7 +58,7 @@ class Header:
     backward_batch: int
     last_batch: int  # samples of the last micro-batch fed (INFER: of the inference batch; PROBE: of the probed one)
     extra: int
-    last_targets: int = NONE  # digest of the last micro-batch's targets (NONE: none, or not on the CPU)
+    last_targets: int = NONE  # digest of the last micro-batch's targets (NONE: none, or not on the CPU: unchecked)
 
     def tensor(self, device: torch.device) -> torch.Tensor:
         return torch.tensor((MAGIC, *astuple(self)), dtype=torch.int64, device=device)
@@ -121,6 +121,8 @@ def check(left: Header | None, right: Header | None, left_rank: int, describe: C
     if left is None or right is None:
         garbled = names[0] if left is None else names[1]
         raise PeerFailureError(f"{garbled} sent a message that is not a pipeline header to its neighbour")
+    if NONE in (left.last_targets, right.last_targets):  # a side without a digest: the targets are not compared
+        left, right = replace(left, last_targets=NONE), replace(right, last_targets=NONE)
     if left == right:
         return
     if _position(left) != _position(right):

@@ -171,7 +171,7 @@ def broadcast_tensors(tensors: dict[str, torch.Tensor] | None, src: int, group: 
 
 # -- helpers -------------------------------------------------------------------------------------------------------
 def _dumps(value: Any) -> torch.Tensor:
-    data = json.dumps(value, separators=(",", ":")).encode()
+    data = json.dumps(value, separators=(",", ":"), default=_plain).encode()
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
@@ -181,6 +181,13 @@ def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
     if dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def _plain(value: Any) -> Any:
+    """What JSON cannot hold as it is: numpy and torch numbers (e.g. a setting given as np.int64), arrays as lists."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} {str(value)[:40]!r} does not travel between ranks (not JSON)")
 
 
 def _loads(buffer: torch.Tensor, sender: str) -> Any:

@@ -231,7 +231,7 @@ class StageWorker:
         if self.reduce_gradients is not None:
             self.reduce_gradients(self.params)
         norm = gradient_norm(self.params, clip_to=self.max_grad_norm)  # measured clipping or not, as Trainer logs it
-        self.counters.grad_norm = norm if norm is not None else self.counters.grad_norm
+        self.counters.last_grad_norm = norm if norm is not None else self.counters.last_grad_norm
         if self.on_update is not None:
             self.on_update(self.index, list(self.group), self.stage)
         if self.optimizer is not None:
