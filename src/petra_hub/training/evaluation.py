@@ -4,13 +4,14 @@ outputs, and the results reach every rank (so `evaluate` and `predict` agree eve
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-from transformers.trainer_utils import EvalPrediction, speed_metrics
+from transformers.trainer_utils import EvalPrediction, denumpify_detensorize, speed_metrics
 
 from ..engine import Pipeline, PipelineError, broadcast_json, broadcast_tensors
 from .batches import split_batch
@@ -43,7 +44,8 @@ def run_inference(
 ) -> InferenceResult:
     """Forward every batch of `loader` in eval mode; metrics (and, with `keep_outputs`, logits and labels) are known
     on every rank afterwards. `preprocess_logits(logits, labels)` (Trainer's `preprocess_logits_for_metrics`)
-    turns each batch's logits into what is kept for `compute_metrics` and returned; the loss sees the logits."""
+    turns each batch's logits into what is kept for `compute_metrics` and returned (a tensor, or a tuple of tensors,
+    each concatenated over the batches, as Trainer does); the loss sees the logits."""
     start = time.time()
     logits, labels, loss_sum, seen, batches = [], [], 0.0, 0, 0
     for batch in loader:
@@ -59,7 +61,7 @@ def run_inference(
             logits.append(outputs if preprocess_logits is None else preprocess_logits(outputs, batch_labels))
     result = None
     if pipeline.has_last_stage:
-        all_logits = torch.cat(logits).numpy() if logits else None
+        all_logits = concatenated(logits)
         all_labels = torch.cat(labels).numpy() if labels else None
         metrics = {f"{prefix}_loss": loss_sum / max(1, seen)} if all_labels is not None else {}
         if compute_metrics is not None and all_labels is not None:
@@ -70,9 +72,7 @@ def run_inference(
         with together(f"receive the {prefix} results from the last stage's process"):
             result = shared_result(result, pipeline.last_stage_rank, seen)
     result.metrics.update(speed_metrics(prefix, start, num_samples=seen, num_steps=batches))
-    result.metrics = {
-        k: (float(v) if isinstance(v, (np.floating, np.integer)) else v) for k, v in result.metrics.items()
-    }
+    result.metrics = denumpify_detensorize(result.metrics)  # as Trainer: numpy and torch numbers become Python's
     return result
 
 
@@ -82,17 +82,42 @@ def shared_result(result: InferenceResult | None, src: int, samples: int) -> Inf
 
     def accept(rank: int, manifest: dict) -> None:
         for name, (shape, _) in manifest.items():
-            if name not in ("logits", "labels") or not shape or shape[0] != samples or math.prod(shape) > samples << 20:
+            known = name in ("logits", "labels") or re.fullmatch(r"logits\.\d{1,3}", name)
+            if not known or not shape or shape[0] != samples or math.prod(shape) > samples << 20:
                 raise PipelineError(f"rank {src} sent {name} of shape {list(shape)} for {samples} evaluated samples")
 
     arrays = None if result is None else {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in (
-        ("logits", result.logits), ("labels", result.label_ids)) if value is not None}
+        *_named("logits", result.logits), ("labels", result.label_ids)) if value is not None}
     metrics = broadcast_json(None if result is None else _jsonable(result.metrics), src)
     tensors = broadcast_tensors(arrays, src, accept=accept)
     if not isinstance(metrics, dict):
         raise PipelineError(f"rank {src} sent metrics that are not a JSON object")
     numpy = {name: tensor.numpy() for name, tensor in tensors.items()}
-    return InferenceResult(numpy.get("logits"), numpy.get("labels"), metrics)
+    parts = sorted((int(name.split(".")[1]), array) for name, array in numpy.items() if name.startswith("logits."))
+    logits = tuple(array for _, array in parts) if parts else numpy.get("logits")
+    return InferenceResult(logits, numpy.get("labels"), metrics)
+
+
+def _named(name: str, value) -> list[tuple[str, np.ndarray | None]]:
+    """An array as (name, array), a tuple of them as (name.0, first), (name.1, second), ..."""
+    if isinstance(value, tuple):
+        return [(f"{name}.{index}", part) for index, part in enumerate(value)]
+    return [(name, value)]
+
+
+def concatenated(parts: list):
+    """The batches' kept outputs end to end: an array, or a tuple of arrays where each batch gave a tuple (or list)
+    of tensors; None without any."""
+    if not parts:
+        return None
+    if isinstance(parts[0], (tuple, list)):
+        if any(not isinstance(part, (tuple, list)) or len(part) != len(parts[0]) for part in parts):
+            raise ValueError("preprocess_logits_for_metrics must return tuples of the same length for every batch")
+        return tuple(concatenated([part[index] for part in parts]) for index in range(len(parts[0])))
+    if not all(torch.is_tensor(part) for part in parts):
+        kinds = sorted({type(part).__name__ for part in parts})
+        raise TypeError(f"preprocess_logits_for_metrics must return tensors or tuples of tensors, got {kinds}")
+    return torch.cat([part.detach().cpu() for part in parts]).numpy()
 
 
 def _jsonable(value):
