@@ -12,6 +12,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from petra_hub import RevNetForImageClassification
 from petra_hub.data import collate_image_batch, load_image_dataset, take
+from petra_hub.testing.ranks import run_ranks
 from petra_hub.testing.models import small_config
 from petra_hub.training import EpochSampler, PetraTrainer, PetraTrainingArguments
 
@@ -125,3 +126,66 @@ def test_evaluations_checkpoints_and_the_best_model_as_trainers(tmp_path):
     assert names["petra"][:2] == names["trainer"][:2] and len(names["petra"][1]) == 1
     assert math.isclose(names["petra"][2], names["trainer"][2], rel_tol=1e-5)
     assert_same_weights(reference, petra)  # the best checkpoint's weights, loaded at the end
+
+
+# -- data parallelism: num_items_in_batch over the replicas (average_tokens_across_devices) ----------------------------
+ORDER = torch.randperm(64, generator=torch.Generator().manual_seed(0)).tolist()  # EpochSampler's epoch 0, seed 0
+REPLICAS = [ORDER[0::2], ORDER[1::2]]  # what each of the 2 replicas reads
+IGNORED = set(REPLICAS[0][:6])  # replica 0's first step holds 10 counted items, replica 1's 16
+
+
+class Masked(torch.utils.data.Dataset):
+    def __init__(self):
+        self.items = [load_image_dataset("digits", "train", augment=False)[i] for i in range(64)]
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, index):
+        return {**self.items[index], "labels": -100 if index in IGNORED else self.items[index]["labels"]}
+
+
+def summed_over_items(outputs, labels, num_items_in_batch=None):
+    return torch.nn.functional.cross_entropy(outputs.logits, labels, reduction="sum") / num_items_in_batch
+
+
+DATA_PARALLEL = dict(per_device_train_batch_size=8, learning_rate=0.05, optim="sgd", max_grad_norm=0.0,
+                     report_to=[], disable_tqdm=True, seed=0, num_train_epochs=1, lr_scheduler_type="constant")
+
+
+def _replicas(rank, world_size, folder):
+    from tests.training.test_multiprocess import as_launched
+
+    as_launched(rank, world_size)
+    torch.manual_seed(0)
+    trainer = PetraTrainer(model=RevNetForImageClassification(small_config("revnet18", stem="cifar")),
+                           args=PetraTrainingArguments(output_dir=folder, petra_mode="backprop", petra_data_parallel=2,
+                                                       gradient_accumulation_steps=2, **DATA_PARALLEL),
+                           train_dataset=Masked(), data_collator=collate_image_batch,
+                           compute_loss_func=summed_over_items)
+    trainer.train()
+    return {name: value.clone() for name, value in trainer.model.state_dict().items()}
+
+
+class ReplicasInOneStep(Trainer):
+    """One process, k = 4: each step reads the two replicas' two micro-batches, as Trainer's DDP over 2 processes
+    with k = 2 and average_tokens_across_devices (the default) counts them."""
+
+    def _get_train_sampler(self, train_dataset=None):
+        return [index for step in range(4) for replica in REPLICAS for index in replica[8 * step: 8 * step + 8]]
+
+
+def test_data_parallel_replicas_count_the_step_items_over_all_replicas_as_trainer(tmp_path):
+    results, _, _ = run_ranks(_replicas, 2, str(tmp_path / "petra"), deadline=180)
+    assert all(r is not None and "value" in r for r in results), [r and r.get("traceback") for r in results]
+    torch.manual_seed(0)
+    reference = ReplicasInOneStep(model=RevNetForImageClassification(small_config("revnet18", stem="cifar")),
+                                  args=TrainingArguments(output_dir=str(tmp_path / "trainer"),
+                                                         gradient_accumulation_steps=4, **DATA_PARALLEL),
+                                  train_dataset=Masked(), data_collator=collate_image_batch,
+                                  compute_loss_func=summed_over_items)
+    reference.train()
+    expected = reference.model.state_dict()
+    for name, value in results[0]["value"].items():  # parameters: batch-norm statistics are per replica
+        if "running" not in name and "num_batches" not in name:
+            torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-6, msg=name)

@@ -277,7 +277,6 @@ def test_docs_table_has_one_row_per_field():
         dict(resume_from_checkpoint="outputs/checkpoint-10"),
         dict(use_cache=True),
         dict(logging_nan_inf_filter=False),
-        dict(average_tokens_across_devices=False),
         dict(eval_accumulation_steps=4, eval_use_gather_object=True),
         dict(local_rank=0),
     ],

@@ -30,7 +30,8 @@ def test_a_whole_model_optimizer_is_refused(tmp_path):
 
 @pytest.mark.parametrize("method", ["compute_loss", "training_step", "create_optimizer", "create_scheduler",
                                     "prediction_step", "evaluation_loop", "_get_train_sampler", "_get_eval_sampler",
-                                    "get_batch_samples"])
+                                    "get_batch_samples", "_prepare_inputs", "compute_loss_context_manager",
+                                    "_maybe_log_save_evaluate", "_load_best_model", "_load_rng_state"])
 def test_overriding_a_method_the_loop_never_calls_is_refused(tmp_path, method):
     subclass = type("Custom", (PetraTrainer,), {method: lambda self, *args, **kwargs: None})
     with pytest.raises(TypeError, match=f"Custom overrides Trainer.{method}, which PetraTrainer never calls"):

@@ -17,6 +17,8 @@ import torch
 from transformers import Trainer
 from transformers.modeling_outputs import ImageClassifierOutput
 
+from .distributed import all_reduce_sum, world_size
+
 _PER_STAGE_OPTIMIZERS = (
     "every pipeline stage has its own optimizer and LR scheduler, built per stage from TrainingArguments (optim, "
     "optim_args, learning_rate, lr_scheduler_type, ...) or from optimizer_cls_and_kwargs=(cls, kwargs)"
@@ -42,6 +44,14 @@ _REFUSED_OVERRIDES = {
     "_get_eval_sampler": "evaluation reads the eval set in order on every rank; override get_eval_dataloader instead",
     "get_batch_samples": "the loop feeds one micro-batch per tick to the pipeline; override get_train_dataloader "
                          "to change what the micro-batches hold",
+    "_prepare_inputs": "the pipeline moves each micro-batch to its stages' devices itself",
+    "compute_loss_context_manager": "each stage runs under the run's precision policy (bf16/fp16), not a context "
+                                    "around a whole-model loss",
+    "_maybe_log_save_evaluate": "PETRA's loop logs, evaluates and saves at step ends after draining the pipeline; "
+                                "use a TrainerCallback (on_log, on_evaluate, on_save) instead",
+    "_load_best_model": "the best checkpoint's weights are loaded into every rank's stages at the end of training; "
+                        "use a TrainerCallback's on_train_end to act after it",
+    "_load_rng_state": "each rank's generators are restored from its own rng_state_<rank>.pth before the first step",
 }
 
 
@@ -64,11 +74,13 @@ def check_plug_ins(trainer: Trainer) -> None:
 @dataclass(frozen=True)
 class StepLabels:
     """A micro-batch's labels in training with `compute_loss_func`, and what it needs to weight every item of the
-    step alike, as Trainer does: the items (labels other than -100) in the step's micro-batches, and their number."""
+    step alike, as Trainer does: the items (labels other than -100) of the step, and what the loss is multiplied by
+    (the step's micro-batches, whose gradients each stage averages; times the D replicas, which average theirs, when
+    the items are counted over all of them)."""
 
     labels: torch.Tensor
     items: int
-    micro_batches: int
+    weight: int
 
 
 def items_in(labels: torch.Tensor) -> int:
@@ -76,17 +88,24 @@ def items_in(labels: torch.Tensor) -> int:
     return int(labels.ne(-100).sum())
 
 
-def with_step_labels(batches: Iterable[dict], k: int) -> Iterator[dict]:
+def with_step_labels(batches: Iterable[dict], args) -> Iterator[dict]:
     """The batches of an epoch (read from a step's first micro-batch on), their labels wrapped in `StepLabels`: each
-    step's k micro-batches (fewer at the epoch's end) are read ahead, as Trainer's `get_batch_samples` does."""
+    step's k micro-batches (fewer at the epoch's end) are read ahead, as Trainer's `get_batch_samples` does. With
+    `petra_data_parallel` D > 1 and `average_tokens_across_devices` (Trainer's default), the items are counted over
+    the D replicas (a collective: every process reads its steps at the same points), as Trainer counts them over its
+    DDP processes."""
+    replicas = args.petra_data_parallel if args.average_tokens_across_devices else 1
     group: list[dict] = []
     for batch in chain(batches, [None]):
         if batch is not None:
             group.append(batch)
-        if len(group) == k or (batch is None and group):
+        if len(group) == args.gradient_accumulation_steps or (batch is None and group):
             items = sum(items_in(member["labels"]) for member in group)
+            if replicas > 1:  # every process of a replica counted the same items
+                counts = all_reduce_sum(torch.tensor([items], dtype=torch.float64), args.device)
+                items = round(float(counts[0]) * replicas / world_size())
             for member in group:
-                yield {**member, "labels": StepLabels(member["labels"], items, len(group))}
+                yield {**member, "labels": StepLabels(member["labels"], items, len(group) * replicas)}
             group = []
 
 
@@ -106,7 +125,7 @@ def loss_function(trainer: Trainer) -> Callable[[torch.Tensor, torch.Tensor], to
             if isinstance(labels, StepLabels):
                 step_labels = labels.labels.to(logits.device)
                 value = custom(ImageClassifierOutput(logits=logits), step_labels, num_items_in_batch=labels.items)
-                return value * labels.micro_batches
+                return value * labels.weight
             return custom(ImageClassifierOutput(logits=logits), labels, num_items_in_batch=items_in(labels))
         if smoothing:
             return torch.nn.functional.cross_entropy(logits, labels, label_smoothing=smoothing)

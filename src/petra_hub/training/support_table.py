@@ -93,8 +93,10 @@ TRAINING_ARGUMENT_SUPPORT: dict[str, FieldSupport] = {
     "gradient_accumulation_steps": _honoured(
         "k: each stage averages the gradients of k micro-batches before its update (one global step)"
     ),
-    "average_tokens_across_devices": _not_applicable(
-        "token counts for language-model losses; each micro-batch's loss is the mean over its images"
+    "average_tokens_across_devices": _honoured(
+        "with compute_loss_func and petra_data_parallel D > 1: num_items_in_batch counts the step's items over all "
+        "D replicas and the loss is multiplied by D (the replicas average their gradients), as Trainer does over "
+        "its processes; when false, each replica's own count"
     ),
     "max_grad_norm": _honoured(
         "each stage clips its own averaged gradient to this norm before its update (stages update at different "

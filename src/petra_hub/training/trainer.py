@@ -216,7 +216,7 @@ class PetraTrainer(Trainer):
             batches = epoch_batches(loader, self.train_dataset, epoch, offset, self.replica, args.petra_data_parallel,
                                     data_seed(args))
             if self.compute_loss_func is not None:  # its num_items_in_batch counts the whole step's items
-                batches = with_step_labels(batches, args.gradient_accumulation_steps)
+                batches = with_step_labels(batches, args)
             for batch in batches:
                 if self.pipeline.fed_in_group == 0:
                     self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
