@@ -246,3 +246,22 @@ def test_a_single_process_launch_with_cpu_names_the_flag(monkeypatch):
     monkeypatch.setattr("builtins.open", parent_cmdline)
     with pytest.raises(RuntimeError, match="--cpu makes it run a single process"):
         distributed.check_launch()
+
+
+def test_more_processes_than_gpus_is_refused_naming_num_processes(monkeypatch):
+    """The shipped accelerate_config.yaml asks for 2 processes: on a 1-GPU machine the second once died with CUDA's
+    bare "invalid device ordinal"."""
+    import torch.distributed as dist
+
+    from petra_hub.training import distributed
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(distributed, "check_launch", lambda: None)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: pytest.fail("set to a GPU that does not exist"))
+    with pytest.raises(RuntimeError, match=r"1 GPU\(s\) and NCCL needs one per process; launch at most 1 processes "
+                                           r"per machine \(accelerate launch --num_processes 1"):
+        distributed.init_distributed(timeout=5)

@@ -90,7 +90,14 @@ def init_distributed(timeout: float) -> bool:
     if dist.is_initialized():
         return True
     if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        local_rank, gpus = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+        if local_rank >= gpus:  # NCCL needs a GPU of its own per process
+            raise RuntimeError(
+                f"process {local_rank} of this machine has no GPU of its own: the machine has {gpus} GPU(s) and NCCL "
+                f"needs one per process; launch at most {gpus} processes per machine (accelerate launch "
+                f"--num_processes {gpus} ...), or hide the GPUs (CUDA_VISIBLE_DEVICES=) to run on CPUs with gloo"
+            )
+        torch.cuda.set_device(local_rank)
         backend = "nccl"
     else:
         backend = "gloo"
