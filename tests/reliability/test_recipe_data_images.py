@@ -99,3 +99,20 @@ def test_the_size_inferred_from_the_first_image_is_capped(tmp_path, caplog, firs
     assert warned == (first == 300) and ("pass --image_size for more" in caplog.text) == warned
     assert load_data(DataArguments(train_dir=folder, train_val_split=None, image_size=256), seed=0,
                      splits={"train"}).image_size == 256
+
+
+def test_an_image_above_pils_bomb_limit_is_refused_naming_it(tmp_path, monkeypatch):
+    """PIL only warns between MAX_IMAGE_PIXELS and twice that: a 12000x12000 PNG of 450 KB decoded to 432 MB. Above
+    the limit an image is now refused, named (here with the limit lowered to 50 pixels, below the 8x8 images)."""
+    from PIL import Image
+
+    from petra_hub.data.sources import open_image
+    from petra_hub.training.recipe_data import DataArguments, load_data
+
+    folder = _image_folder(tmp_path, size=8)
+    data = load_data(DataArguments(train_dir=folder, train_val_split=None), seed=0, splits={"train"})
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 50)
+    with pytest.raises(ValueError, match=r"\(column 'image'\): cannot decode the image \(DecompressionBombWarning: "):
+        data.train[0]
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 64)  # at the limit: read
+    assert data.train[0]["pixel_values"].shape == (3, 8, 8) and open_image(next(tmp_path.rglob("*.png"))).size == (8, 8)

@@ -27,7 +27,7 @@ from ..data import (
     load_image_dataset,
     take,
 )
-from ..data.sources import to_rgb
+from ..data.sources import open_image, to_rgb
 from .recipe_checks import check_class_indices, check_dataset_path, check_image_folders, label_names_of, normalisation
 
 __all__ = [
@@ -187,19 +187,15 @@ def _image_source(value: dict):
 
 
 def _open_image(value: dict):
-    from PIL import Image
-
-    image = Image.open(_image_source(value))
+    image = open_image(_image_source(value))
     image.load()  # now, so that a truncated file fails here, named
     return image
 
 
 def _inferred_size(first: dict, image_column: str) -> int:
     """The shorter side of the first image (read from its header: no pixels decoded), at most MAX_INFERRED_SIZE."""
-    from PIL import Image
-
     try:
-        with Image.open(_image_source(first)) as image:
+        with open_image(_image_source(first)) as image:
             side = min(image.size)
     except Exception as error:  # noqa: BLE001 - PIL raises many types; name the file
         raise ValueError(f"{_image_name(first)} (column {image_column!r}), the first image, which gives the image "

@@ -28,6 +28,7 @@ model each) by :func:`check_class_count`.
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
@@ -59,6 +60,17 @@ def check_class_count(count: int, where: str) -> None:
 
 
 SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+
+
+def open_image(source):
+    """`PIL.Image.open`, with PIL's decompression-bomb warning (an image of more than `PIL.Image.MAX_IMAGE_PIXELS`,
+    89 million pixels by default) raised as an error: a file of a few hundred kilobytes can decode to gigabytes. Raise
+    `PIL.Image.MAX_IMAGE_PIXELS` to read larger images on purpose."""
+    from PIL import Image
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        return Image.open(source)
 
 
 def to_rgb(img):

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import pil_to_uint8
+from . import open_image, pil_to_uint8
 
 if TYPE_CHECKING:
     from ..registry import DatasetSpec
@@ -139,10 +139,8 @@ class ImageFolders:
         info = replace(spec.info, num_labels=len(classes), label_names=tuple(classes))
 
         def source(index: int) -> torch.Tensor:
-            from PIL import Image
-
             try:
-                with Image.open(files[index]) as im:
+                with open_image(files[index]) as im:
                     return pil_to_uint8(im)
             except MemoryError:
                 raise
