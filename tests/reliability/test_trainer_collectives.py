@@ -48,7 +48,7 @@ def _without_its_peer(rank, world_size, folder):
         "check_same_run": lambda: distributed.check_same_run(_Args(folder), "digits"),
         "check_shared_output_dir": lambda: distributed.check_shared_output_dir(_Args(folder)),
         "broadcast_module": lambda: distributed.broadcast_module(torch.nn.Linear(2, 2)),
-        "all_reduce_sum": lambda: distributed.all_reduce_sum(torch.ones(2), torch.device("cpu")),
+        "all_reduce_sum": lambda: distributed.all_reduce_sum(torch.ones(2)),
         "check_finite": lambda: check_finite(_NoLocalStages(), "before saving"),
         "run_inference": lambda: run_inference(_LastStageElsewhere(), [], None, None, "eval"),
         "barrier": lambda: distributed.barrier("save the model"),

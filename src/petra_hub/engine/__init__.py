@@ -23,8 +23,8 @@ from .schedule import Schedule
 from .simulation import Simulation, simulate
 from .synchronous import schedule_order, simulate_1f1b, simulate_schedule
 from .worker import StageWorker
-from .wire import (WireError, all_gather_json, broadcast_json, broadcast_tensors, gather_tensors, recv_json,
-                   send_json)
+from .wire import (WireError, all_gather_json, broadcast_json, broadcast_tensors, collective_device, gather_tensors,
+                   recv_json, send_json)
 
 __all__ = [
     "MemoryStats",
@@ -45,6 +45,7 @@ __all__ = [
     "WireError",
     "all_gather_json",
     "broadcast_json",
+    "collective_device",
     "broadcast_tensors",
     "compile_stage",
     "disagreements",

@@ -127,8 +127,7 @@ def gather_tensors(tensors: dict[str, torch.Tensor], group: dist.ProcessGroup | 
     checks every one (`accept(group_rank, manifest)` may raise, e.g. to refuse shapes it does not expect), so all
     ranks reach the same verdict before any tensor moves."""
     device = collective_device(group)
-    flat, manifest = _flatten(tensors)
-    flat = flat.to(device)
+    flat, manifest = _flatten(tensors, device)
     manifests = all_gather_json(manifest, group, limit=MANIFEST_LIMIT)
     layouts = _agreed(group, lambda: [_layout(entries, _name(group, rank), accept, rank)
                                       for rank, entries in enumerate(manifests)])
@@ -159,11 +158,11 @@ def broadcast_tensors(tensors: dict[str, torch.Tensor] | None, src: int, group: 
     checks the manifest (`accept(group rank of src, manifest)` may raise a PipelineError), and the first refusal is
     raised on every rank before the buffer moves."""
     mine, device = dist.get_rank() == src, collective_device(group)
-    flat, manifest = _flatten(tensors) if mine else (None, None)
+    flat, manifest = _flatten(tensors, device) if mine else (None, None)
     entries = broadcast_json(manifest, src, group, limit=MANIFEST_LIMIT)
     rank = dist.get_group_rank(group, src) if group is not None else src
     layout = _agreed(group, lambda: _layout(entries, f"rank {src}", accept, rank))
-    buffer = flat.to(device) if mine else torch.empty(_total(layout), dtype=torch.uint8, device=device)
+    buffer = flat if mine else torch.empty(_total(layout), dtype=torch.uint8, device=device)
     if buffer.numel():
         dist.broadcast(buffer, src=src, group=group)
     return _unflatten(buffer, layout)
@@ -227,8 +226,9 @@ def _global(group: dist.ProcessGroup | None, rank: int) -> int:
     return dist.get_global_rank(group, rank) if group is not None else rank
 
 
-def _flatten(tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list]:
-    """One uint8 buffer holding the tensors' bytes in order, and their manifest [[name, shape, dtype name], ...]."""
+def _flatten(tensors: dict[str, torch.Tensor], device: torch.device) -> tuple[torch.Tensor, list]:
+    """One uint8 buffer on `device` holding the tensors' bytes in order (each copied there once), and their manifest
+    [[name, shape, dtype name], ...]."""
     chunks, manifest = [], []
     for name, tensor in tensors.items():
         if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
@@ -236,10 +236,10 @@ def _flatten(tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list]:
                             f"{type(tensor).__name__}")
         if tensor.dtype not in DTYPES.values():
             raise TypeError(f"tensor {name!r} has dtype {tensor.dtype}, which does not travel: {sorted(DTYPES)}")
-        tensor = tensor.detach().to("cpu").contiguous()
+        tensor = tensor.detach().to(device).contiguous()
         manifest.append([name, list(tensor.shape), dtype_name(tensor.dtype)])
         chunks.append(tensor.reshape(-1).view(torch.uint8))
-    flat = torch.cat(chunks) if chunks else torch.empty(0, dtype=torch.uint8)
+    flat = torch.cat(chunks) if chunks else torch.empty(0, dtype=torch.uint8, device=device)
     return flat, manifest
 
 

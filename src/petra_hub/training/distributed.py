@@ -10,7 +10,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from ..engine import all_gather_json, broadcast_json, disagreements, peer_failure
+from ..engine import all_gather_json, broadcast_json, collective_device, disagreements, peer_failure
 
 
 def launched_world_size() -> int:
@@ -128,11 +128,11 @@ def barrier(doing: str) -> None:
             dist.barrier()
 
 
-def all_reduce_sum(values: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Sum `values` over all processes (unchanged with one); NCCL needs them on the GPU, gloo on the CPU."""
+def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
+    """Sum `values` over all processes (unchanged with one), on the device the backend moves (`collective_device`)."""
     if world_size() <= 1:
         return values
-    reduced = values.to(device if dist.get_backend() == "nccl" else torch.device("cpu"))
+    reduced = values.to(collective_device())
     with together("sum the logged values over the processes"):
         dist.all_reduce(reduced)
     return reduced.cpu()

@@ -36,12 +36,12 @@ class LossWindow:
         self.samples += other.samples
 
 
-def collect(pending: LossWindow, device, global_step: int, last_stage: int) -> LossWindow:
+def collect(pending: LossWindow, global_step: int, last_stage: int) -> LossWindow:
     """`pending` (this rank's) summed over all ranks, with this rank's samples (one small collective); raises on a
     NaN or infinite loss so that every rank stops at the same step."""
     bad = not math.isfinite(pending.loss_sum)
     values = torch.tensor([0.0 if bad else pending.loss_sum, float(pending.losses), float(bad)], dtype=torch.float64)
-    loss_sum, count, bad = all_reduce_sum(values, device).tolist()
+    loss_sum, count, bad = all_reduce_sum(values).tolist()
     if bad:
         raise FloatingPointError(
             f"loss is NaN or infinite at global step {global_step} (computed by the last stage, stage {last_stage}); "
@@ -50,11 +50,11 @@ def collect(pending: LossWindow, device, global_step: int, last_stage: int) -> L
     return LossWindow(loss_sum, int(count), pending.samples)
 
 
-def grad_norm(pipeline: Pipeline, device, replicas: int) -> float | None:
+def grad_norm(pipeline: Pipeline, replicas: int) -> float | None:
     """The norm over all stages of their last averaged gradients, before clipping (a collective); None before any
     stage has updated."""
     norms = [c.grad_norm for c in pipeline.counters().values() if c.grad_norm is not None]
-    total = all_reduce_sum(torch.tensor([sum(n**2 for n in norms), len(norms)], dtype=torch.float64), device)
+    total = all_reduce_sum(torch.tensor([sum(n**2 for n in norms), len(norms)], dtype=torch.float64))
     if total[1] == 0:
         return None
     return math.sqrt(float(total[0]) / replicas)  # replicas hold equal gradients
@@ -68,7 +68,7 @@ def reconstruction_error(pipeline: Pipeline, args) -> dict[str, float]:
     for index, counters in pipeline.counters().items():
         if counters.reconstruction_error is not None:
             errors[pipeline.replica * stages + index] = counters.reconstruction_error
-    worst = float(all_reduce_sum(errors, args.device).max())
+    worst = float(all_reduce_sum(errors).max())
     if worst > args.petra_reconstruction_warning:
         logger.warning(
             "reconstruction_error %.3g exceeds petra_reconstruction_warning %g: the inputs the reversible stages "
@@ -84,7 +84,7 @@ def training_logs(window: LossWindow, pipeline: Pipeline, args) -> dict[str, flo
     logs = {}
     if window.losses:
         logs["loss"] = window.loss_sum / window.losses
-    norm = grad_norm(pipeline, args.device, args.petra_data_parallel)  # logged clipping or not, as in Trainer
+    norm = grad_norm(pipeline, args.petra_data_parallel)  # logged clipping or not, as in Trainer
     if norm is not None:
         logs["grad_norm"] = norm
     if args.petra_check_reconstruction_every:

@@ -17,6 +17,7 @@ import torch
 from transformers import Trainer
 from transformers.modeling_outputs import ImageClassifierOutput
 
+from ..models.loading_checks import IGNORE_INDEX
 from .distributed import all_reduce_sum, world_size
 
 _PER_STAGE_OPTIMIZERS = (
@@ -85,7 +86,7 @@ class StepLabels:
 
 def items_in(labels: torch.Tensor) -> int:
     """What Trainer counts as `num_items_in_batch`: the labels other than its ignore index -100."""
-    return int(labels.ne(-100).sum())
+    return int(labels.ne(IGNORE_INDEX).sum())
 
 
 def with_step_labels(batches: Iterable[dict], args) -> Iterator[dict]:
@@ -102,7 +103,7 @@ def with_step_labels(batches: Iterable[dict], args) -> Iterator[dict]:
         if len(group) == args.gradient_accumulation_steps or (batch is None and group):
             items = sum(items_in(member["labels"]) for member in group)
             if replicas > 1:  # every process of a replica counted the same items
-                counts = all_reduce_sum(torch.tensor([items], dtype=torch.float64), args.device)
+                counts = all_reduce_sum(torch.tensor([items], dtype=torch.float64))
                 items = round(float(counts[0]) * replicas / world_size())
             for member in group:
                 yield {**member, "labels": StepLabels(member["labels"], items, len(group) * replicas)}

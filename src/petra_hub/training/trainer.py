@@ -304,7 +304,7 @@ class PetraTrainer(Trainer):
         """Bring the losses the last stage produced since the last call to every rank (at the same points on every
         rank); stop on a NaN before anything else is saved."""
         pending, self._pending = self._pending, LossWindow()
-        self._unlogged.merge(collect(pending, self.args.device, self.state.global_step, len(self.stages) - 1))
+        self._unlogged.merge(collect(pending, self.state.global_step, len(self.stages) - 1))
 
     def _sync_model(self) -> None:
         """Drain, then give every rank every stage's trained weights."""
