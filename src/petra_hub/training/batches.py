@@ -8,6 +8,7 @@ import math
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from ..models.loading_checks import IGNORE_INDEX
 from .sampler import EpochSampler
 
 
@@ -75,9 +76,6 @@ def check_first_batch(model, collator, dataset, what: str = "train_dataset") -> 
             f"labels must lie in [0, {num_labels - 1}] ({IGNORE_INDEX} marks an image the loss ignores), got "
             f"{labels.tolist()} in the first items of {what}"
         )
-
-
-IGNORE_INDEX = -100  # transformers' losses skip the items labelled so
 
 
 def class_indices(labels: torch.Tensor, num_labels: int | None, problem_type: str | None) -> torch.Tensor | None:

@@ -176,11 +176,8 @@ def validate_checkpoint(folder: str, num_stages: int) -> None:
     missing = missing_files(folder, num_stages)
     if missing:
         raise FileNotFoundError(f"checkpoint {folder} is incomplete: it lacks {', '.join(missing[:4])}")
-    for name in ("trainer_state.json", PETRA_STATE_NAME):
-        try:
-            json.loads(Path(folder, name).read_text())
-        except ValueError as error:
-            raise ValueError(f"{Path(folder, name)} is unreadable (the checkpoint is incomplete): {error}") from None
+    PetraState.load(folder)  # each reader names its file when it is truncated or corrupt
+    _read_trainer_state(os.path.join(folder, "trainer_state.json"))
     try:
         with safe_open(str(Path(folder, "model.safetensors")), framework="pt") as handle:
             handle.keys()
@@ -188,8 +185,6 @@ def validate_checkpoint(folder: str, num_stages: int) -> None:
         raise ValueError(
             f"{Path(folder, 'model.safetensors')} is unreadable (the checkpoint is incomplete): {error}"
         ) from None
-    PetraState.load(folder)
-    _read_trainer_state(os.path.join(folder, "trainer_state.json"))
     for path in sorted(Path(folder).glob(RNG_STATE_PATTERN.format("*"))):
         read_rng_state(path)
 

@@ -88,7 +88,7 @@ def shared_result(result: InferenceResult | None, src: int, samples: int) -> Inf
 
     arrays = None if result is None else {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in (
         *_named("logits", result.logits), ("labels", result.label_ids)) if value is not None}
-    metrics = broadcast_json(None if result is None else _jsonable(result.metrics), src)
+    metrics = broadcast_json(None if result is None else result.metrics, src)  # numpy, torch values: numbers
     tensors = broadcast_tensors(arrays, src, accept=accept)
     if not isinstance(metrics, dict):
         raise PipelineError(f"rank {src} sent metrics that are not a JSON object")
@@ -118,14 +118,3 @@ def concatenated(parts: list):
         kinds = sorted({type(part).__name__ for part in parts})
         raise TypeError(f"preprocess_logits_for_metrics must return tensors or tuples of tensors, got {kinds}")
     return torch.cat([part.detach().cpu() for part in parts]).numpy()
-
-
-def _jsonable(value):
-    """`compute_metrics`' values as JSON can carry them (numpy and torch numbers and arrays become numbers, lists)."""
-    if isinstance(value, dict):
-        return {str(key): _jsonable(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(item) for item in value]
-    if isinstance(value, (np.generic, np.ndarray)) or torch.is_tensor(value):
-        return value.tolist()
-    return value

@@ -80,10 +80,8 @@ def check_output_dir(folder: str, model: torch.nn.Module) -> None:
 
 def check_not_another_run(folder: str, resume_from_checkpoint: str | None, overwrite: bool) -> None:
     """Refuse to train into a folder that holds another run's results (unless told to overwrite them)."""
-    if overwrite or not os.path.isdir(folder):
+    if overwrite or not os.path.isdir(folder) or resumes_its_own_run(folder, resume_from_checkpoint):
         return
-    if resume_from_checkpoint and Path(resume_from_checkpoint).resolve().parent == Path(folder).resolve():
-        return  # continuing this folder's own run
     found = sorted(p.name for p in Path(folder).iterdir() if p.name.startswith("checkpoint-") or p.name in RUN_FILES)
     if found:
         raise FileExistsError(
@@ -93,13 +91,17 @@ def check_not_another_run(folder: str, resume_from_checkpoint: str | None, overw
         )
 
 
+def resumes_its_own_run(folder: str, resume_from_checkpoint: str | None) -> bool:
+    """Whether the run continues from one of `folder`'s own checkpoints (then the folder's run is not another's)."""
+    return bool(resume_from_checkpoint) and Path(resume_from_checkpoint).resolve().parent == Path(folder).resolve()
+
+
 def clear_earlier_run(folder: str, resume_from_checkpoint: str | None) -> list[str]:
     """overwrite_output_dir: remove what an earlier run wrote in `folder`, so that its metrics, checkpoints and
     model files cannot mix with this run's (or be pushed with them). Only where an earlier run is there (one of
     `RUN_FILES` or of its checkpoints), only its outputs (`earlier_run_outputs`), never when resuming from a
     checkpoint of `folder`. Returns the names removed, also logged."""
-    if not os.path.isdir(folder) or (
-            resume_from_checkpoint and Path(resume_from_checkpoint).resolve().parent == Path(folder).resolve()):
+    if not os.path.isdir(folder) or resumes_its_own_run(folder, resume_from_checkpoint):
         return []
     removed = earlier_run_outputs(Path(folder))
     for name in removed:
