@@ -167,6 +167,30 @@ def test_ranks_out_of_step_say_what_each_was_doing(tmp_path):
     assert second["peer_left"] is None
 
 
+def _own_bug_in_the_handshake(rank, world_size):
+    """Rank 1's own dry run fails with an error of its own (not a stage mismatch, not a collective)."""
+    if rank == 1:
+        import petra_hub.engine.handshake as handshake
+
+        def broken(*args, **kwargs):
+            raise KeyError("a bug on rank 1")
+
+        handshake.dry_run = broken
+    try:
+        pipeline(timeout=5.0).step(*batch(4, 0))
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+
+
+def test_a_ranks_own_error_in_the_handshake_is_not_blamed_on_a_peer(tmp_path):
+    """Only the handshake's collectives are taken for a peer's failure: before, any exception in it became 'a peer
+    process died', on the rank that raised it too."""
+    results, _, _ = run_ranks(_own_bug_in_the_handshake, 2, out_dir=tmp_path, deadline=60)
+    assert results[1]["value"] == "KeyError: 'a bug on rank 1'", results[1]
+    assert results[0]["value"].startswith("PeerFailureError: rank 0 (stages 0-1) could not complete the start-up "
+                                          "handshake: a peer process died"), results[0]
+
+
 # -- an exception inside step ----------------------------------------------------------------------------------------
 def test_an_exception_inside_step_breaks_the_pipeline_with_a_clear_error():
     calls = []

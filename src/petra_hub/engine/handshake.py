@@ -10,7 +10,7 @@ from torch import nn
 
 from .batchnorm import frozen_running_stats
 from .collectives import disagreements
-from .errors import PeerFailureError, PipelineError, StageMismatchError
+from .errors import StageMismatchError, peer_failure
 from .precision import Precision, short_name
 from .randomness import preserved
 from .routing import Router, empty_like_spec
@@ -58,25 +58,16 @@ def handshake(
     precision policy. `settings` (a dict of what must agree across ranks: stages, mode, k, partition, ...) is compared
     over `job_group` when distributed: every rank of the run, so that data-parallel replicas, whose gradient
     averages pair their stages, agree too. The shapes travel over the pipeline's `group`. A collective that fails (a
-    peer died) becomes a PeerFailureError."""
-    try:
-        _handshake(input_spec, stages, router, settings, group, job_group, global_ranks, device,
-                   precision or Precision())
-    except PipelineError:
-        raise
-    except Exception as error:  # gloo's bare RuntimeError (DistBackendError) when a peer is gone
-        if global_ranks is None:
-            raise
-        raise PeerFailureError(
-            f"{router.transport.describe(router.rank)} could not complete the start-up handshake: a peer process "
-            f"died, stalled or failed ({type(error).__name__}: {error})"
-        ) from error
-
-
-def _handshake(input_spec, stages, router, settings, group, job_group, global_ranks, device, precision) -> None:
+    peer died) becomes a PeerFailureError; any other error is this rank's own and stays what it is."""
+    precision = precision or Precision()
     distributed = global_ranks is not None
+
+    def exchange():  # wraps the collectives alone: a failure inside one is a peer's
+        return peer_failure("complete the start-up handshake", router.transport.describe(router.rank))
+
     if distributed:
-        everyone, differ = disagreements(settings, job_group)
+        with exchange():
+            everyone, differ = disagreements(settings, job_group)
         if differ:  # the same text on every rank
             raise StageMismatchError("ranks disagree on " + "; ".join(
                 f"{key} ({', '.join(f'rank {rank}: {other.get(key)!r}' for rank, other in enumerate(everyone))})"
@@ -84,16 +75,20 @@ def _handshake(input_spec, stages, router, settings, group, job_group, global_ra
     local, error, spec = router.local, None, input_spec
     if local.start > 0:  # JSON, never pickled (see `wire`)
         sender = router.transport.describe(router.rank - 1)
-        spec, error = _spec_message(recv_json(global_ranks[router.rank - 1], group), sender)
+        with exchange():
+            message = recv_json(global_ranks[router.rank - 1], group)
+        spec, error = _spec_message(message, sender)
         if spec is not None:
             router.specs[local.start - 1] = spec
     if error is None:
         spec, error = dry_run(stages, local, spec, router.specs, device, precision)
     if local.stop < len(stages):
-        send_json({"spec": None if spec is None else spec.to_json(), "error": error}, global_ranks[router.rank + 1],
-                  group)
+        with exchange():
+            send_json({"spec": None if spec is None else spec.to_json(), "error": error},
+                      global_ranks[router.rank + 1], group)
     if distributed:
-        errors = all_gather_json(error, group)
+        with exchange():
+            errors = all_gather_json(error, group)
         if not all(e is None or isinstance(e, str) for e in errors):
             raise WireError("a rank sent a handshake error that is not a text")
         error = next((e for e in errors if e is not None), None)
