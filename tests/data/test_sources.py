@@ -258,3 +258,21 @@ def test_hub_path_with_local_parquet_repo(tmp_path, monkeypatch):
     assert len(val) == 2 and val.info.num_labels == 2
     assert val[0]["pixel_values"].shape == (3, 224, 224)
 
+
+
+def test_hub_images_above_pils_bomb_limit_are_refused(tmp_path, monkeypatch):
+    """PIL only warns between MAX_IMAGE_PIXELS and twice that; `datasets` decoded such an image (a 12000x12000 PNG of
+    450 KB is 432 MB decoded). The Hub reader decodes through open_image, as the folder reader does."""
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    feats = datasets.Features({"img": datasets.Image(), "label": datasets.ClassLabel(names=list("ab"))})
+    images = [Image.new("RGB", (16, 16), (200, 10, 10)), Image.new("RGB", (8, 8), (10, 10, 200))]
+    datasets.Dataset.from_dict({"img": images, "label": [0, 1]}, features=feats).save_to_disk(
+        str(tmp_path / "saved" / "test"))
+    (tmp_path / "saved" / "dataset_dict.json").write_text('{"splits": ["test"]}')
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 200)  # 16x16 = 256: PIL warns, does not raise
+    test = load_image_dataset("cifar10", "test", hub_id=str(tmp_path / "saved"))
+    with pytest.raises(ValueError, match=r"split 'test': item 0: cannot decode the image \(DecompressionBombWarning"):
+        test[0]
+    raw = _unnormalise(test[1]["pixel_values"], test.info)  # 64 pixels: read, and decoded as before
+    torch.testing.assert_close(raw[:, 5, 5], torch.tensor([10, 10, 200]) / 255, atol=1e-5, rtol=0)

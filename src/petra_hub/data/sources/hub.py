@@ -8,10 +8,13 @@ first of the spec's preferred names present, else the first ``Image`` / ``ClassL
 feature; ``ClassLabel`` names replace the default label names.  Labels must be integers
 in ``0..num_labels-1`` (floats are an error, never truncated); an empty split, and an
 image that cannot be decoded, are ValueErrors naming the source, split (and item).
+Images are decoded here, not by ``datasets``, through ``open_image``: an image above PIL's
+decompression-bomb limit is refused, as in the folder reader.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from dataclasses import replace
@@ -19,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import check_class_count, check_label_range, int_labels, pil_to_uint8
+from . import check_class_count, check_label_range, int_labels, open_image, pil_to_uint8
 
 if TYPE_CHECKING:
     from ..registry import DatasetSpec
@@ -80,10 +83,17 @@ def load_hub(spec: DatasetSpec, split: str, hub_id: str) -> Loaded:
     labels = torch.from_numpy(int_labels(raw, f"{where}: column {label_col!r}"))
     check_label_range(labels, 0, info.num_labels - 1, f"{where}: column {label_col!r}")
     images = ds.select_columns([image_col])
+    encoded = isinstance(feats[image_col], datasets.Image)
+    if encoded:  # the file's bytes (or path), decoded by open_image below
+        images = images.cast_column(image_col, datasets.Image(decode=False))
 
     def source(index: int) -> torch.Tensor:
         try:
-            return pil_to_uint8(images[index][image_col])
+            item = images[index][image_col]
+            if not encoded:
+                return pil_to_uint8(item)
+            with open_image(item["path"] if item["bytes"] is None else io.BytesIO(item["bytes"])) as img:
+                return pil_to_uint8(img)
         except MemoryError:
             raise
         except Exception as exc:  # noqa: BLE001 - name the item whatever went wrong
