@@ -190,3 +190,30 @@ def test_a_hub_id_loads_from_the_cache_offline_with_and_without_a_subfolder(fami
         cls.from_pretrained("user/reversible", subfolder="missing", cache_dir=cache)
     with pytest.raises(OSError):
         cls.from_pretrained("user/not-cached", cache_dir=cache)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.uint8, torch.float32])
+@pytest.mark.parametrize("problem_type", [None, "single_label_classification", "multi_label_classification"])
+@pytest.mark.parametrize("num_labels", [1, 10])
+def test_the_trainer_checks_the_labels_the_models_loss_checks(dtype, problem_type, num_labels):
+    """One rule decides which labels are class indices: the trainer's check before the first step refuses a label
+    of 12 exactly where the model's loss would (before, int16 and uint8 labels were class indices to the trainer
+    and multi-label targets to the model, as transformers' loss infers them)."""
+    from types import SimpleNamespace
+
+    from petra_hub.training.batches import check_all_labels
+
+    labels = torch.tensor([3, 12], dtype=dtype)
+    config = SimpleNamespace(num_labels=num_labels, problem_type=problem_type)
+    outcomes = []
+    for check in (lambda: shared.check_labels(labels, torch.zeros(2, num_labels), config),
+                  lambda: check_all_labels(SimpleNamespace(labels=labels), num_labels, problem_type=problem_type)):
+        try:
+            check()
+            outcomes.append(None)
+        except ValueError as error:
+            outcomes.append("outside" if "[0, 9]" in str(error) or "[0, 0]" in str(error) else str(error))
+    refused = outcomes[0] == "outside"
+    inferred = problem_type is None and num_labels > 1 and dtype in (torch.int64, torch.int32)
+    assert refused == (not dtype.is_floating_point and (problem_type == "single_label_classification" or inferred))
+    assert outcomes[1] == outcomes[0] or dtype == torch.float32 and num_labels == 10, outcomes

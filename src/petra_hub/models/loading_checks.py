@@ -78,16 +78,11 @@ IGNORE_INDEX = -100  # transformers' cross-entropy skips the items labelled so
 
 def check_labels(labels: torch.Tensor, logits: torch.Tensor, config) -> None:
     """Raise a ValueError unless `labels` fit `logits`: one entry per image, and for single-label classification
-    (`config.problem_type`, else inferred as transformers' loss does) class indices or IGNORE_INDEX."""
+    class indices or IGNORE_INDEX (see `class_indices`)."""
     if labels.shape[0] != logits.shape[0]:
         raise ValueError(f"labels has {labels.shape[0]} entries for a batch of {logits.shape[0]} images")
-    problem_type = config.problem_type
-    if problem_type is None and config.num_labels > 1 and labels.dtype in (torch.long, torch.int):
-        problem_type = "single_label_classification"
-    if problem_type != "single_label_classification" or labels.is_floating_point():
-        return
-    counted = labels[labels != IGNORE_INDEX]
-    if counted.numel() == 0:
+    counted = class_indices(labels, config.num_labels, config.problem_type)
+    if counted is None:
         return
     low, high = int(counted.min()), int(counted.max())
     if low < 0 or high >= config.num_labels:
@@ -95,3 +90,18 @@ def check_labels(labels: torch.Tensor, logits: torch.Tensor, config) -> None:
             f"labels must lie in [0, {config.num_labels - 1}] (config.num_labels={config.num_labels}), got values "
             f"in [{low}, {high}] ({IGNORE_INDEX} marks an image the loss ignores)"
         )
+
+
+def class_indices(labels: torch.Tensor, num_labels: int | None, problem_type: str | None) -> torch.Tensor | None:
+    """The labels that must lie in [0, num_labels): those of single-label classification (`problem_type`, else
+    inferred as transformers' loss infers it: several classes and int64 or int32 labels) other than IGNORE_INDEX.
+    None when there is nothing to check (regression, multi-label, float labels, only ignored items). The one rule
+    for the models' loss and the trainer's checks before the first step."""
+    if not num_labels or labels.is_floating_point():
+        return None
+    if problem_type is None and num_labels > 1 and labels.dtype in (torch.long, torch.int):
+        problem_type = "single_label_classification"
+    if problem_type != "single_label_classification":
+        return None
+    counted = labels[labels != IGNORE_INDEX]
+    return counted if counted.numel() else None

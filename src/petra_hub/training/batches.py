@@ -8,7 +8,7 @@ import math
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from ..models.loading_checks import IGNORE_INDEX
+from ..models.loading_checks import IGNORE_INDEX, class_indices
 from .sampler import EpochSampler
 
 
@@ -76,18 +76,6 @@ def check_first_batch(model, collator, dataset, what: str = "train_dataset") -> 
             f"labels must lie in [0, {num_labels - 1}] ({IGNORE_INDEX} marks an image the loss ignores), got "
             f"{labels.tolist()} in the first items of {what}"
         )
-
-
-def class_indices(labels: torch.Tensor, num_labels: int | None, problem_type: str | None) -> torch.Tensor | None:
-    """The labels to check against [0, num_labels): those of single-label classification (`problem_type`, else
-    integer labels and several classes, as transformers' loss infers it) other than IGNORE_INDEX; None when there is
-    nothing to check (regression, multi-label, float labels, only ignored items)."""
-    if not num_labels or labels.is_floating_point() or problem_type not in (None, "single_label_classification"):
-        return None
-    if problem_type is None and num_labels == 1:
-        return None
-    counted = labels[labels != IGNORE_INDEX]
-    return counted if counted.numel() else None
 
 
 def make_loader(args, collator, dataset, batch_size: int, sampler=None) -> DataLoader:
