@@ -1,6 +1,7 @@
 """guards.py: what `overwrite_output_dir` clears of an earlier run, and the finiteness check's collective (JSON,
 never a pickle)."""
 
+import pytest
 import torch
 
 from petra_hub.testing.ranks import run_ranks
@@ -96,6 +97,24 @@ def test_overwrite_removes_nothing_without_an_earlier_run_nor_what_is_not_petra_
     (run / "config.json").write_text('{"model_type": "bert"}')
     assert clear_earlier_run(str(run), None) == ["trainer_state.json"]
     assert sorted(p.name for p in run.iterdir()) == ["README.md", "config.json", "modeling_revvit.py"]
+
+
+def test_another_run_is_what_overwrite_would_remove(tmp_path):
+    """The refusal names the earlier run's files, and a user's files named like a run's (checkpoint-plan.txt, an
+    empty checkpoint-3) are no run: before, they refused the folder, and overwrite_output_dir removed nothing."""
+    from petra_hub.training.guards import check_not_another_run, clear_earlier_run
+
+    users = tmp_path / "users"
+    users.mkdir()
+    _write(users, USER_FILES)
+    check_not_another_run(str(users), None, overwrite=False)
+    run = tmp_path / "run"
+    run.mkdir()
+    _write(run, EARLIER_RUN + USER_FILES)
+    with pytest.raises(FileExistsError, match=rf"already holds another run \({', '.join(EARLIER_RUN[:3])}, \.\.\.\)"):
+        check_not_another_run(str(run), None, overwrite=False)
+    clear_earlier_run(str(run), None)
+    check_not_another_run(str(run), None, overwrite=False)
 
 
 def test_resuming_the_folders_own_checkpoint_removes_nothing(tmp_path):

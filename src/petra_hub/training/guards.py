@@ -79,10 +79,11 @@ def check_output_dir(folder: str, model: torch.nn.Module) -> None:
 
 
 def check_not_another_run(folder: str, resume_from_checkpoint: str | None, overwrite: bool) -> None:
-    """Refuse to train into a folder that holds another run's results (unless told to overwrite them)."""
+    """Refuse to train into a folder that holds another run's results (unless told to overwrite them): exactly the
+    files `clear_earlier_run` would remove, so that the remedy the error names clears what it complains of."""
     if overwrite or not os.path.isdir(folder) or resumes_its_own_run(folder, resume_from_checkpoint):
         return
-    found = sorted(p.name for p in Path(folder).iterdir() if p.name.startswith("checkpoint-") or p.name in RUN_FILES)
+    found = earlier_run_outputs(Path(folder))
     if found:
         raise FileExistsError(
             f"output_dir {folder!r} already holds another run "
