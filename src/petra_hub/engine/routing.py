@@ -102,7 +102,7 @@ class Router:
         if index + 1 in self.local:
             (self._mail[(index + 1, "forward")][micro_batch],) = round_trip([outputs], parts)
         else:
-            outgoing.append(Outgoing(self.rank + 1, FORWARD_TAG, self._encode(index, [outputs], parts, batch)))
+            outgoing.append(Outgoing(self.rank + 1, FORWARD_TAG, encode([outputs], parts)))
 
     def send_backward(self, index: int, micro_batch: int, inputs, grad_inputs, outgoing: list[Outgoing]) -> None:
         if index == 0:
@@ -115,7 +115,7 @@ class Router:
             values = round_trip(values, parts)
             self._mail[(index - 1, "backward")][micro_batch] = _returned_and_gradient(values)
         else:
-            outgoing.append(Outgoing(self.rank - 1, BACKWARD_TAG, self._encode(index, values, parts, batch)))
+            outgoing.append(Outgoing(self.rank - 1, BACKWARD_TAG, encode(values, parts)))
 
     def check_sent(self, index: int, values: list[Activation], parts: list[Part], batch: int, which: str,
                    names: tuple[str, ...]) -> None:
@@ -132,15 +132,6 @@ class Router:
                 "structure, dtypes and per-sample shapes for every micro-batch, with the batch as the first dimension "
                 "of every tensor"
             )
-
-    def _encode(self, index: int, values: list[Activation], parts: list[Part], batch: int):
-        """`encode`, after `check_sent`; the byte count the receiver expects is confirmed before the buffer goes."""
-        buffer = encode(values, parts)
-        expected = message_bytes(parts, batch)
-        if buffer.numel() != expected:
-            raise StageMismatchError(f"{self._stage(index)} would send {buffer.numel()} bytes where its neighbour "
-                                     f"expects {expected}")
-        return buffer
 
     def _stage(self, index: int) -> str:
         """How errors name a stage: with its rank when there are several."""
@@ -257,7 +248,7 @@ class Router:
         index = self.local.stop - 1 if side == "right" else self.local.start
         self.check_sent(index, values, parts, batch, "the inference batch" if tag == INFER_TAG else "the probe",
                         _OUTPUT if side == "right" else _BACKWARD[-1:])
-        buffer = self._encode(index, values, parts, batch)
+        buffer = encode(values, parts)
         deadline = self.transport.deadline()
         self.agree(moment, side, batch, deadline)
         peer = self.rank - 1 if side == "left" else self.rank + 1
