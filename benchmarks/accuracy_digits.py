@@ -6,9 +6,12 @@
     python benchmarks/accuracy_digits.py --configs backprop petra-k2 --seeds 0 1 2 3 4 --out out.json
     python benchmarks/accuracy_digits.py --configs petra-k1 petra-k1@bf16 --baseline petra-k1 --out out.json
     python benchmarks/accuracy_digits.py --model revvit-tiny --configs backprop reversible_backprop petra --seeds 0
+    python benchmarks/accuracy_digits.py --model revvit-tiny-petra --configs petra --processes 2 --out out.json
 
 Every run is the recipe's `run(argv)` (`recipes/train_revnet.py`, loaded with `runpy`) in this process, one after
-the other, one intra-op thread; only the mode and k change, and the learning rate follows the paper's linear
+the other, one intra-op thread (with `--processes N`: the recipe under `accelerate launch` on N processes of one
+thread each, the README's main job, its metrics read back from the run's all_results.json and trainer_state.json);
+only the mode and k change, and the learning rate follows the paper's linear
 scaling (lr = 0.4 * 32 * k / 256); `--model revvit-tiny` trains the RevViT of `recipes/configs/digits_revvit_tiny.yaml`
 (AdamW, its own learning rate and epochs) instead of the recipe's RevNet18, and `--model revvit-tiny-petra` the
 same ViT under its PETRA recipe, `recipes/configs/digits_revvit_tiny_petra.yaml` (the file gives its settings and
@@ -23,9 +26,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import os
 import runpy
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +51,7 @@ from common import add_out_argument, load_average, progress, results_path, write
 from petra_hub.engine import Mode  # noqa: E402
 
 RECIPE = HERE.parent / "recipes" / "train_revnet.py"
+ACCELERATE_CONFIG = HERE.parent / "accelerate_config.yaml"
 CONFIGS = HERE.parent / "recipes" / "configs"
 # The models compared, by name: the recipe arguments that pick one, and its default epochs (None: its recipe file's).
 MODELS = {
@@ -135,6 +141,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--baseline", type=config_name, default=BASELINE,
                         help=f"the configuration gaps are paired against (default {BASELINE})")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="run each recipe under accelerate launch on this many processes (default 1: in this "
+                             "process)")
     parser.add_argument("--quick", action="store_true", help="1 seed, 1 epoch: a smoke test of the script")
     parser.add_argument("--verbose", action="store_true", help="show the Trainer's own log lines of every run")
     add_out_argument(parser, "accuracy_digits")
@@ -144,6 +153,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.epochs = args.epochs if args.epochs is not None else (1.0 if args.quick else default_epochs(args.model))
     if len(set(args.configs)) != len(args.configs):
         parser.error("a configuration is listed twice")
+    if args.processes < 1:
+        parser.error(f"--processes: expected a positive count, got {args.processes}")
+    if args.processes > 1 and args.threads != 1:
+        parser.error("--threads: launched runs have one thread per process (OMP_NUM_THREADS=1)")
     return args
 
 
@@ -186,13 +199,18 @@ def run_recipe(run, argv: list[str], verbose: bool = False):
 
 def one_run(run, mode: str, k: int, seed: int, epochs: float, workdir: str, verbose: bool = False,
             num_stages: int | None = None, precision: str = "fp32", remedy: str = "none",
-            model: str = "revnet18") -> dict:
+            model: str = "revnet18", processes: int = 1) -> dict:
     output_dir = tempfile.mkdtemp(prefix=f"{mode}-k{k}-s{seed}-", dir=workdir)
     argv = recipe_argv(mode, k, seed, epochs, output_dir, num_stages, precision, remedy, model)
     start = time.perf_counter()
-    trainer, metrics = run_recipe(run, argv, verbose)
+    if processes > 1:
+        stages, learning_rate, steps, metrics, history = launched_run(argv, processes, output_dir, verbose)
+    else:
+        trainer, metrics = run_recipe(run, argv, verbose)
+        stages, learning_rate = len(trainer.stages), trainer.args.micro_batch_learning_rate()
+        steps, history = trainer.state.global_step, trainer.state.log_history
     wall = time.perf_counter() - start
-    history = [entry for entry in trainer.state.log_history if "train_loss" in entry]
+    history = [entry for entry in history if "train_loss" in entry]
     return {
         "model": model,
         "mode": mode,
@@ -201,15 +219,36 @@ def one_run(run, mode: str, k: int, seed: int, epochs: float, workdir: str, verb
         "remedy": remedy,
         "seed": seed,
         "epochs": epochs,
-        "num_stages": len(trainer.stages),
-        "learning_rate": trainer.args.micro_batch_learning_rate(),
-        "optimizer_steps": trainer.state.global_step,
+        "processes": processes,
+        "num_stages": stages,
+        "learning_rate": learning_rate,
+        "optimizer_steps": steps,
         "test_accuracy": metrics["eval_accuracy"],
         "test_loss": metrics["eval_loss"],
         "train_loss": history[-1]["train_loss"] if history else None,
         "train_runtime_s": history[-1].get("train_runtime") if history else None,
         "wall_s": wall,
     }
+
+
+def launched_run(argv: list[str], processes: int, output_dir: str, verbose: bool):
+    """The recipe under `accelerate launch` on `processes` processes -> (stages, learning rate per micro-batch,
+    optimizer steps, final metrics, log history), read back from the run's output_dir (JSON only)."""
+    from petra_hub.training import recipe
+
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CONFIG),
+               "--num_processes", str(processes), str(RECIPE), *argv]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, env=env, text=True, capture_output=not verbose)
+    if done.returncode != 0:
+        sys.stderr.write((done.stdout or "") + (done.stderr or ""))
+        raise RuntimeError(f"the launched recipe failed (exit code {done.returncode}): {' '.join(command)}")
+    folder = Path(output_dir)
+    metrics = json.loads((folder / "all_results.json").read_text())
+    state = json.loads((folder / "trainer_state.json").read_text())
+    args = recipe.parse(argv)[2]
+    return args.petra_num_stages, args.micro_batch_learning_rate(), state["global_step"], metrics, \
+        state["log_history"]
 
 
 def summarise(runs: list[dict], configs: list[str], baseline: str = BASELINE) -> list[dict]:
@@ -260,14 +299,14 @@ def main(argv=None) -> dict:
         f"{args.model}: {len(args.configs)} configurations x {len(args.seeds)} seeds, {args.epochs:g} epochs, "
         f"micro-batch {MICRO_BATCH}, lr = {rate}, "
         f"J = {args.num_stages or 'as in the recipe'}; "
-        f"{torch.get_num_threads()} thread(s), load average {load_average()}"
+        f"{args.processes} process(es) of {torch.get_num_threads()} thread(s), load average {load_average()}"
     )
     runs: list[dict] = []
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="petra-accuracy-") as workdir:
         for index, (name, mode, k, precision, remedy, seed) in enumerate(plan, 1):
             r = one_run(run, mode, k, seed, args.epochs, workdir, args.verbose, args.num_stages, precision, remedy,
-                        args.model)
+                        args.model, args.processes)
             runs.append(r)
             progress(
                 f"[{index}/{len(plan)}] {name:20s} seed {seed}: test accuracy {100 * r['test_accuracy']:.2f} %, "
@@ -290,6 +329,7 @@ def main(argv=None) -> dict:
         "base_learning_rate": None if MODELS[args.model][0] else BASE_LR,  # else the model's recipe file's
         "petra_scale_lr": not MODELS[args.model][0],
         "threads": torch.get_num_threads(),
+        "processes": args.processes,
         "transformers": transformers.__version__,
     }
     out = results_path(args.out, "accuracy_digits", args.quick)
