@@ -15,15 +15,20 @@ from .tensors import Activation, as_tuple
 
 @contextlib.contextmanager
 def evaluating(stages: list[nn.Module]) -> Iterator[None]:
-    """The stages in eval mode (running statistics, no dropout), each restored to its mode afterwards."""
-    modes = [stage.training for stage in stages]
+    """The stages in eval mode (running statistics, no dropout), every module of each restored to its own mode
+    afterwards: `stage.train(True)` would also put a sub-module the user keeps in eval mode (a frozen batch norm) back
+    in training mode."""
+    modes = [(module, module.training) for stage in stages for module in stage.modules()]
+    stage_modes = [stage.training for stage in stages]
     try:
         for stage in stages:
             stage.eval()
         yield
     finally:
-        for stage, training in zip(stages, modes):
-            stage.train(training)
+        for stage, training in zip(stages, stage_modes):
+            stage.train(training)  # as before (a stage's own `train` runs), then each sub-module's flag as it was
+        for module, training in modes:
+            module.training = training
 
 
 def forward_local(stages: list[nn.Module], local: range, value: Activation, precision: Precision,

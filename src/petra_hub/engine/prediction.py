@@ -54,5 +54,23 @@ class WeightPredictor:
     def state_dict(self) -> dict:
         return {"delta": self.delta}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.delta = state["delta"]
+    def load_state_dict(self, state: dict, params: list[nn.Parameter], where: str = "weight prediction") -> None:
+        """Restore what `state_dict` returned for a stage whose (trainable) parameters are `params`: each delta cast
+        to its parameter's device and dtype (as torch's `Optimizer.load_state_dict` casts its states, so that one
+        saved on another device, or from stages of another dtype, loads), a count or a shape that differs from the
+        parameters' a ValueError naming `where` (not an error at the first forward, or a silent broadcast)."""
+        delta = state["delta"]
+        if delta is None:
+            self.delta = None
+            return
+        if not isinstance(delta, (list, tuple)) or not all(torch.is_tensor(d) for d in delta):
+            raise ValueError(f"{where}: the weight-prediction delta must be a list of tensors, got "
+                             f"{type(delta).__name__}")
+        if len(delta) != len(params):
+            raise ValueError(f"{where}: the weight-prediction state holds {len(delta)} delta tensor(s), the stage has "
+                             f"{len(params)} trainable parameter(s)")
+        for index, (d, p) in enumerate(zip(delta, params)):
+            if d.shape != p.shape:
+                raise ValueError(f"{where}: weight-prediction delta {index} has shape {list(d.shape)}, its parameter "
+                                 f"{list(p.shape)}")
+        self.delta = [d.detach().to(p) for d, p in zip(delta, params)]

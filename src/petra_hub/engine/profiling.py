@@ -12,10 +12,12 @@ timed window's wall time minus the time inside the operations).
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import itertools
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 import torch
@@ -71,10 +73,33 @@ def profile_stages(
     touched: copies run). `optimizer_factory` is the run's `(index, stage) -> optimizer`, whose step the update
     timings measure (default: plain SGD); it runs at learning rate 0. `options` go to the `Pipeline` (e.g.
     `precision`, `device`)."""
-    from .pipeline import Pipeline
-
     if repeats < 1 or warmup < 0:
         raise ValueError(f"profile_stages needs repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    with generators_kept(stages, options.get("device")):
+        return _measure(stages, sample_batch, loss_fn, Mode.parse(mode), repeats, warmup, optimizer_factory, options)
+
+
+@contextlib.contextmanager
+def generators_kept(stages: list[nn.Module], device: torch.device | str | None) -> Iterator[None]:
+    """Run the block without moving the global generators: the CPU one, and that of every CUDA device the profile
+    runs on (`device`, else where the stages are). The copies' forwards draw (dropout); were the run's generators to
+    move, ranks seeded alike would disagree (pipeline rank 0 alone profiles: its data order, its dropout masks), and
+    partition="auto" would train otherwise than the same partition given explicitly."""
+    if device is not None:
+        devices = {torch.device(device)}
+    else:
+        devices = {t.device for stage in stages for t in itertools.chain(stage.parameters(), stage.buffers())}
+    with contextlib.ExitStack() as stack:
+        for each in [d for d in devices if d.type == "cuda"] or [None]:
+            stack.enter_context(preserved(each))
+        yield
+
+
+def _measure(stages: list[nn.Module], sample_batch: tuple[Activation, object], loss_fn: Callable, mode: Mode,
+             repeats: int, warmup: int, optimizer_factory: Callable | None, options: dict) -> list[StageCost]:
+    """`profile_stages`' measurement (the generators left to it)."""
+    from .pipeline import Pipeline
+
     copies = [copy.deepcopy(stage) for stage in stages]
     pipeline = Pipeline(copies, loss_fn, mode=mode, distributed=False, trace=True,
                         optimizer_factory=at_zero_learning_rate(optimizer_factory), **options)
@@ -116,7 +141,7 @@ def profile_stages(
             parameter_bytes=nbytes(stage.parameters()),
             graph_bytes=0 if index in pipeline.kept_graphs else graph_bytes(stage, stage_samples[index]),
         ))
-    if Mode.parse(mode) is Mode.BACKPROP:  # what a split backward (torch's zero-bubble schedules) needs
+    if mode is Mode.BACKPROP:  # what a split backward (torch's zero-bubble schedules) needs
         costs[0] = replace(costs[0], input_backward_s=0.0, weight_backward_s=costs[0].backward_s)  # data: no gradient
         for index, stage in enumerate(copies[1:], start=1):
             shares = split_backward_shares(stage, stage_samples[index], to_device(targets, pipeline.device), loss_fn,
@@ -209,8 +234,9 @@ def auto_partition(stages: list[nn.Module], loss_fn: Callable, sample_batch, num
     outcome = None
     if not distributed or dist.get_rank(group) == 0:
         try:
-            options = graphs_an_even_split_keeps(stages, mode, sample_batch[0], num_ranks, options)
-            costs = profile_stages(stages, sample_batch, loss_fn, mode=mode, **options)
+            with generators_kept(stages, options.get("device")):  # rank 0 alone runs this: the others' stay put
+                options = graphs_an_even_split_keeps(stages, mode, sample_batch[0], num_ranks, options)
+                costs = profile_stages(stages, sample_batch, loss_fn, mode=mode, **options)
             placement = Placement.auto(costs, num_ranks, accumulation_steps=options.get("accumulation_steps", 1))
             outcome = ["sizes", [len(g) for g in placement.groups]]
         except Exception as error:  # noqa: BLE001 - every rank must learn of it, or the others would wait forever

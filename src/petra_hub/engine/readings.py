@@ -41,17 +41,17 @@ class Readings:
         return self.transport.bytes_sent if self.transport is not None else 0
 
     def last_lr(self) -> float | None:
-        """The learning rate the last update of this rank's first stage used (every stage follows the same schedule;
-        Trainer logs the rate its step used); before any update, the one the first will use; None without an
-        optimizer."""
-        worker = self.workers[self.local.start]
+        """The learning rate the last update of this rank's first stage with an optimizer used (every stage follows
+        the same schedule; a stage without parameters has no optimizer; Trainer logs the rate its step used); before
+        any update, the one the first will use; None where no local stage has an optimizer."""
+        worker = next((self.workers[index] for index in self.local if self.workers[index].optimizer is not None), None)
+        if worker is None:
+            return None
         if worker.counters.learning_rate is not None:
             return worker.counters.learning_rate
         if worker.scheduler is not None:
             return float(worker.scheduler.get_last_lr()[0])
-        if worker.optimizer is not None:
-            return float(worker.optimizer.param_groups[0]["lr"])
-        return None
+        return float(worker.optimizer.param_groups[0]["lr"])
 
     def trace_events(self) -> list[Event]:
         """Every rank's recorded events (`trace=True`), gathered on every rank of the run (a collective over the

@@ -274,7 +274,10 @@ class StageWorker:
     def load_state_dict(self, state: dict) -> None:
         for name, part in self._stateful().items():
             if part is not None and state.get(name) is not None:
-                part.load_state_dict(state[name])
+                if part is self.predictor:  # its deltas are cast to, and checked against, the parameters
+                    part.load_state_dict(state[name], self.params, f"stage {self.index}")
+                else:
+                    part.load_state_dict(state[name])
         check_state_shapes(self.optimizer, f"stage {self.index}")
 
     def _stateful(self) -> dict:
