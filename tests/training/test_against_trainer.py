@@ -43,22 +43,23 @@ def accuracy(prediction):
     return {"accuracy": float((np.argmax(prediction.predictions, -1) == prediction.label_ids).mean())}
 
 
-def run_both(tmp_path, train_size=64, trainer_kwargs=None, **settings):
-    """Train with Trainer and with PetraTrainer (backprop); returns both trainers and their callbacks' events."""
-    train = take(load_image_dataset("digits", "train", augment=False), train_size)
+def run_both(tmp_path, train_size=64, trainer_kwargs=None, mixin=None, train=None, **settings):
+    """Train with Trainer and with PetraTrainer (backprop); returns both trainers and their callbacks' events.
+    `mixin`: a class both trainers derive from first (overrides); `train`: the training set."""
+    train = train if train is not None else take(load_image_dataset("digits", "train", augment=False), train_size)
     test = take(load_image_dataset("digits", "test"), 40)
     common = dict(per_device_train_batch_size=8, per_device_eval_batch_size=16, learning_rate=0.05, optim="sgd",
-                  max_grad_norm=0.0, report_to=[], disable_tqdm=True, seed=0, logging_steps=1, **settings)
+                  max_grad_norm=0.0, report_to=[], disable_tqdm=True, seed=0, logging_steps=1) | settings
     runs = {}
     for name, trainer_class, arguments in (("trainer", OrderedTrainer, TrainingArguments(
             output_dir=str(tmp_path / "trainer"), **common)), ("petra", PetraTrainer, PetraTrainingArguments(
             output_dir=str(tmp_path / "petra"), petra_mode="backprop", **common))):
         torch.manual_seed(0)
         events = Events()
+        trainer_class = type(trainer_class.__name__, (mixin, trainer_class), {}) if mixin else trainer_class
         trainer = trainer_class(model=RevNetForImageClassification(small_config("revnet18", stem="cifar")),
-                                args=arguments, train_dataset=train, eval_dataset=test,
-                                data_collator=collate_image_batch, compute_metrics=accuracy, callbacks=[events],
-                                **(trainer_kwargs or {}))
+                                args=arguments, train_dataset=train, eval_dataset=test, compute_metrics=accuracy,
+                                callbacks=[events], **({"data_collator": collate_image_batch} | (trainer_kwargs or {})))
         trainer.train()
         runs[name] = trainer, events.seen
     return runs["trainer"], runs["petra"]
@@ -126,6 +127,73 @@ def test_evaluations_checkpoints_and_the_best_model_as_trainers(tmp_path):
     assert names["petra"][:2] == names["trainer"][:2] and len(names["petra"][1]) == 1
     assert math.isclose(names["petra"][2], names["trainer"][2], rel_tol=1e-5)
     assert_same_weights(reference, petra)  # the best checkpoint's weights, loaded at the end
+
+
+def test_logged_losses_are_means_of_step_means_as_trainers(tmp_path):
+    """70 images in micro-batches of 8, k = 2: each epoch's last step holds one micro-batch (of 6 images). Trainer
+    logs the mean of the steps' mean losses; PetraTrainer averaged micro-batches (0.0006 off at step 5)."""
+    (reference, _), (petra, _) = run_both(tmp_path, train_size=70, gradient_accumulation_steps=2, num_train_epochs=2,
+                                          lr_scheduler_type="constant", logging_steps=5)
+    assert_same_weights(reference, petra)
+    expected, got = entries(reference, ("loss",)), entries(petra, ("loss",))
+    assert [e["step"] for e in got] == [e["step"] for e in expected] == [5, 10]
+    assert [e["loss"] for e in got] == pytest.approx([e["loss"] for e in expected], rel=1e-6)
+    assert petra.state.log_history[-1]["train_loss"] == pytest.approx(reference.state.log_history[-1]["train_loss"],
+                                                                      rel=1e-6)
+
+
+class TrainersDecayRule:
+    """Trainer's own weight-decay rule (it decays batch-norm weights, which PetraTrainer's default spares)."""
+
+    def get_decay_parameter_names(self, model):
+        return Trainer.get_decay_parameter_names(self, model)
+
+
+class MomentumOptimizer:
+    @staticmethod
+    def get_optimizer_cls_and_kwargs(args, model=None):
+        return torch.optim.SGD, {"lr": args.learning_rate, "momentum": 0.9}
+
+
+@pytest.mark.parametrize("mixin, weight_decay", [(TrainersDecayRule, 0.5), (MomentumOptimizer, 0.0)])
+def test_the_optimizer_overrides_a_subclass_makes_are_honoured_as_in_trainer(tmp_path, mixin, weight_decay):
+    """Before, PetraTrainer called Trainer's get_optimizer_cls_and_kwargs and its own decay rule whatever a subclass
+    overrode: the weights were 0.31 (decay rule) and 0.10 (optimizer) away from Trainer's."""
+    (reference, _), (petra, _) = run_both(tmp_path, mixin=mixin, num_train_epochs=1, weight_decay=weight_decay,
+                                          lr_scheduler_type="constant")
+    assert_same_weights(reference, petra)
+
+
+def test_optimizer_cls_and_kwargs_are_used_as_given_as_in_trainer(tmp_path):
+    """Without an "lr" the optimizer class's default rate trains (SGD: 0.001), not `learning_rate`, as in Trainer."""
+    (reference, _), (petra, _) = run_both(tmp_path, num_train_epochs=1, lr_scheduler_type="constant",
+                                          trainer_kwargs={"optimizer_cls_and_kwargs": (torch.optim.SGD,
+                                                                                       {"momentum": 0.5})})
+    assert_same_weights(reference, petra)
+    assert entries(petra, ("learning_rate",))[-1]["learning_rate"] == 0.001
+
+
+class WithBoxes(torch.utils.data.Dataset):
+    """A plain torch data set whose items hold a column the model does not take (ragged: it cannot be stacked)."""
+
+    def __init__(self):
+        self.items = take(load_image_dataset("digits", "train", augment=False), 64)
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, index):
+        return {**self.items[index], "boxes": torch.zeros(index % 3 + 1, 4)}
+
+
+def test_remove_unused_columns_drops_a_plain_datasets_extra_columns_as_trainer(tmp_path):
+    """Trainer's collator drops what the model's forward does not take; PetraTrainer failed on its first batch."""
+    from transformers import default_data_collator
+
+    (reference, _), (petra, _) = run_both(tmp_path, train=WithBoxes(), num_train_epochs=1,
+                                          lr_scheduler_type="constant",
+                                          trainer_kwargs={"data_collator": default_data_collator})
+    assert_same_weights(reference, petra)
 
 
 # -- data parallelism: num_items_in_batch over the replicas (average_tokens_across_devices) ----------------------------

@@ -45,10 +45,10 @@ def test_optimizer_cls_and_kwargs_builds_every_stage_optimizer(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))  # lr 0: nothing moved
     worker = next(iter(trainer.pipeline.workers.values()))
     assert type(worker.optimizer) is torch.optim.Adam and worker.optimizer.param_groups[0]["betas"] == (0.5, 0.6)
-    # without "lr", learning_rate is the rate, as with optim
+    # without "lr", the class's default rate, not learning_rate: the keyword arguments are used as given, as in Trainer
     trainer = with_plug_ins(tmp_path, optimizer_cls_and_kwargs=(torch.optim.Adam, {}))
     trainer.train()
-    assert next(iter(trainer.pipeline.workers.values())).optimizer.param_groups[0]["initial_lr"] == 0.05
+    assert next(iter(trainer.pipeline.workers.values())).optimizer.param_groups[0]["initial_lr"] == 0.001
 
 
 def test_compute_loss_func_is_the_loss_of_training_and_evaluation(tmp_path):

@@ -17,37 +17,64 @@ logger = logging.get_logger(__name__)
 
 @dataclass
 class LossWindow:
-    """Losses the last stage finished and samples fed since the window opened."""
+    """Training losses collected since the window opened, weighted as Trainer averages them: each micro-batch's loss
+    divided by the micro-batches of its step, so that `mean()` is the mean of the steps' mean losses (a step that
+    closes an epoch early weighs as much as a full one)."""
 
     loss_sum: float = 0.0
-    losses: int = 0
+    steps: float = 0.0  # the steps the losses make up: a micro-batch counts 1 / (micro-batches in its step)
     samples: int = 0
     opened: float = field(default_factory=time.time)
 
-    def add(self, losses: list, samples: int = 0) -> None:
-        for _, loss in losses:
-            self.loss_sum += float(loss)
-            self.losses += 1
-        self.samples += samples
-
     def merge(self, other: "LossWindow") -> None:
         self.loss_sum += other.loss_sum
-        self.losses += other.losses
+        self.steps += other.steps
         self.samples += other.samples
+
+    def mean(self) -> float:
+        return self.loss_sum / self.steps if self.steps else 0.0
+
+
+class PendingLosses:
+    """This rank's losses from the last stage, by micro-batch, until a collection takes those whose step has closed
+    (a loss may come before its step closes, in the synchronous modes, or steps later, in the pipelined ones)."""
+
+    def __init__(self) -> None:
+        self.losses: dict[int, float] = {}
+        self.samples = 0
+        self.step_sizes: dict[int, int] = {}  # micro-batch -> micro-batches of its step, for the closed steps
+        self.open_from = 0  # the first micro-batch of the open step
+
+    def add(self, losses: list, samples: int = 0) -> None:
+        self.losses.update((index, float(loss)) for index, loss in losses)
+        self.samples += samples
+
+    def close_step(self, stop: int) -> None:
+        """The open step holds the micro-batches before `stop` (the pipeline's count fed)."""
+        self.step_sizes.update((index, stop - self.open_from) for index in range(self.open_from, stop))
+        self.open_from = stop
+
+    def take(self) -> LossWindow:
+        window, self.samples = LossWindow(samples=self.samples), 0
+        for index in [index for index in self.losses if index in self.step_sizes]:
+            share = 1 / self.step_sizes.pop(index)
+            window.loss_sum += self.losses.pop(index) * share
+            window.steps += share
+        return window
 
 
 def collect(pending: LossWindow, global_step: int, last_stage: int) -> LossWindow:
     """`pending` (this rank's) summed over all ranks, with this rank's samples (one small collective); raises on a
     NaN or infinite loss so that every rank stops at the same step."""
     bad = not math.isfinite(pending.loss_sum)
-    values = torch.tensor([0.0 if bad else pending.loss_sum, float(pending.losses), float(bad)], dtype=torch.float64)
-    loss_sum, count, bad = all_reduce_sum(values).tolist()
+    values = torch.tensor([0.0 if bad else pending.loss_sum, pending.steps, float(bad)], dtype=torch.float64)
+    loss_sum, steps, bad = all_reduce_sum(values).tolist()
     if bad:
         raise FloatingPointError(
             f"loss is NaN or infinite at global step {global_step} (computed by the last stage, stage {last_stage}); "
             "stopping before anything else is saved"
         )
-    return LossWindow(loss_sum, int(count), pending.samples)
+    return LossWindow(loss_sum, steps, pending.samples)
 
 
 def grad_norm(pipeline: Pipeline, replicas: int) -> float | None:
@@ -82,8 +109,8 @@ def training_logs(window: LossWindow, pipeline: Pipeline, args) -> dict[str, flo
     """A training log entry: the mean loss of `window`, the gradient norm, the reconstruction error (when checked),
     the learning rate the last update used and the samples per second (collectives: call on every rank)."""
     logs = {}
-    if window.losses:
-        logs["loss"] = window.loss_sum / window.losses
+    if window.steps:
+        logs["loss"] = window.mean()
     norm = grad_norm(pipeline, args.petra_data_parallel)  # logged clipping or not, as in Trainer
     if norm is not None:
         logs["grad_norm"] = norm

@@ -9,25 +9,33 @@ from torch import nn
 from transformers import Trainer, get_scheduler
 
 from ..engine import Mode
-from ..engine.optim import weight_decay_groups
 from .arguments import PetraTrainingArguments
 
 
 def optimizer_factory(
-    args: PetraTrainingArguments, model: nn.Module, cls_and_kwargs: tuple[type, dict] | None = None
+    args: PetraTrainingArguments,
+    model: nn.Module,
+    cls_and_kwargs: tuple[type, dict] | None = None,
+    choose: Callable = Trainer.get_optimizer_cls_and_kwargs,
+    decay_names: list[str] | None = None,
 ) -> Callable[[int, nn.Module], torch.optim.Optimizer]:
-    """The Trainer's optimizer choice, one per stage: `cls_and_kwargs` (Trainer's `optimizer_cls_and_kwargs`; its
-    "lr", if any, replaces `learning_rate`), else `args.optim` and `optim_args`; no weight decay on biases and norms
-    (as in the paper)."""
+    """One optimizer per stage, chosen as `Trainer.create_optimizer` chooses the model's: `cls_and_kwargs` (Trainer's
+    `optimizer_cls_and_kwargs`) as given, else `choose(args, model)` (the trainer's `get_optimizer_cls_and_kwargs`)
+    at the learning rate per micro-batch; weight decay on the parameters `decay_names` names (the trainer's
+    `get_decay_parameter_names`; None: all), none on the others."""
     if cls_and_kwargs is not None:
         optimizer_cls, kwargs = cls_and_kwargs
-        kwargs = {"lr": args.micro_batch_learning_rate(), **kwargs}
     else:
-        optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
+        optimizer_cls, kwargs = choose(args, model)
         kwargs = {**kwargs, "lr": args.micro_batch_learning_rate()}
+    named = set(decay_names) if decay_names is not None else None
+    decayed = {id(param) for name, param in model.named_parameters() if named is None or name in named}
 
     def make(index: int, stage: nn.Module) -> torch.optim.Optimizer:
-        return optimizer_cls(weight_decay_groups(stage, args.weight_decay), **kwargs)
+        trained = [param for param in stage.parameters() if param.requires_grad]
+        groups = [{"params": [p for p in trained if id(p) in decayed], "weight_decay": args.weight_decay},
+                  {"params": [p for p in trained if id(p) not in decayed], "weight_decay": 0.0}]
+        return optimizer_cls([group for group in groups if group["params"]], **kwargs)
 
     return make
 

@@ -76,12 +76,15 @@ TRAINING_ARGUMENT_SUPPORT: dict[str, FieldSupport] = {
         "linear warm-up steps (a ratio of the total when < 1), also before the step decay of petra_lr_milestones"
     ),
     "optim": _honoured(
-        "one optimizer per stage through Trainer.get_optimizer_cls_and_kwargs; refused: GaLore, APOLLO, LOMO "
+        "one optimizer per stage through the trainer's get_optimizer_cls_and_kwargs (a subclass may override it, as in "
+        "Trainer); refused: GaLore, APOLLO, LOMO "
         "(whole-model parameter groups) and schedule-free ones (need optimizer.train()/eval())"
     ),
     "optim_args": _honoured("extra optimizer arguments, as in transformers (e.g. momentum=0.9,nesterov=True)"),
     "weight_decay": _honoured(
-        "weight decay of parameters with more than one dimension only (none on biases and batch-norm parameters)"
+        "weight decay of the parameters get_decay_parameter_names names: by default those with more than one "
+        "dimension (none on biases and norm weights, as in the paper; Trainer's rule also decays batch-norm weights); "
+        "a subclass may override it, as in Trainer"
     ),
     "adam_beta1": _honoured("beta1 of Adam-family optimizers (get_optimizer_cls_and_kwargs)"),
     "adam_beta2": _honoured("beta2 of Adam-family optimizers (get_optimizer_cls_and_kwargs)"),
@@ -99,8 +102,10 @@ TRAINING_ARGUMENT_SUPPORT: dict[str, FieldSupport] = {
         "its processes; when false, each replica's own count"
     ),
     "max_grad_norm": _honoured(
-        "each stage clips its own averaged gradient to this norm before its update (stages update at different "
-        "ticks, so there is no global norm); the logged grad_norm is the norm over all stages' last updates"
+        "each stage clips its own averaged gradient to this norm before its update: stages update at different "
+        "ticks (in every mode: a stage updates as soon as its backward ends), so there is no global norm, and a run "
+        "that clips differs from Trainer's, which clips the norm over all parameters; the logged grad_norm is the "
+        "norm over all stages' last updates, before clipping"
     ),
     "label_smoothing_factor": _honoured("cross-entropy label smoothing at the last stage"),
     # -- precision, memory and speed -----------------------------------------------------------------------------
@@ -257,7 +262,8 @@ TRAINING_ARGUMENT_SUPPORT: dict[str, FieldSupport] = {
         "in order"
     ),
     "remove_unused_columns": _honoured(
-        "columns of a datasets.Dataset that the model's forward does not take are dropped, as in transformers"
+        "what the model's forward does not take is dropped, as in transformers: the columns of a datasets.Dataset, "
+        "the keys of any other data set's items (by the collator)"
     ),
     "label_names": _refused(
         "the labels are always the batch's 'labels' (read by the last stage); rename the column to labels"

@@ -36,7 +36,7 @@ from .distributed import barrier, raise_on_every_rank, world_size
 from .evaluation import eval_set_named, run_inference
 from .fidelity import GradientFidelityCallback
 from .guards import RunLock, check_finite, preflight
-from .losses import LossWindow, collect, training_logs
+from .losses import LossWindow, PendingLosses, collect, training_logs
 from .optimization import optimizer_factory, scheduler_factory
 from .plug_ins import check_plug_ins, loss_function, with_step_labels
 from .rng_state import restore_rng_state
@@ -64,8 +64,9 @@ class PetraTrainer(Trainer):
         self._inference: Pipeline | None = None
         self._micro_batches_fed = 0
         self._position = (0, 0)  # (epoch, micro-batches of it fed) of the next micro-batch
-        self._pending = LossWindow()  # this rank's losses since the last collection (a collective)
+        self._pending = PendingLosses()  # this rank's losses not collected yet (a collective)
         self._unlogged = LossWindow()  # collected on every rank, not logged yet
+        self._trained = LossWindow()  # every loss collected by this train() call, logged or not: train_loss
         self._model_synced = True  # every rank's `self.model` holds every stage's current weights
         self._last_eval_metrics: dict | None = None
         self.model_card_kwargs: dict = {}  # create_model_card's arguments for every card (the recipe names its data)
@@ -89,12 +90,12 @@ class PetraTrainer(Trainer):
         """Not sharded per rank: every pipeline stage must see the same micro-batches in the same order."""
         if self.train_dataset is None:
             raise ValueError("PetraTrainer.train() needs a train_dataset")
-        dataset = self._without_unused_columns(self.train_dataset, "training")
+        dataset, collator = self._prepared(self.train_dataset, "training")
         if isinstance(dataset, IterableDataset):
-            return make_loader(self.args, self.data_collator, dataset, self.args.per_device_train_batch_size)
+            return make_loader(self.args, collator, dataset, self.args.per_device_train_batch_size)
         sampler = EpochSampler(len(dataset), data_seed(self.args), replica=self.replica,
                                replicas=self.args.petra_data_parallel)
-        return make_loader(self.args, self.data_collator, dataset, self.args.per_device_train_batch_size, sampler)
+        return make_loader(self.args, collator, dataset, self.args.per_device_train_batch_size, sampler)
 
     def get_eval_dataloader(self, eval_dataset=None) -> DataLoader:
         """`eval_dataset` may name one of a dict of eval data sets, as in Trainer."""
@@ -106,16 +107,20 @@ class PetraTrainer(Trainer):
         return self.get_test_dataloader(dataset)
 
     def get_test_dataloader(self, test_dataset) -> DataLoader:
-        dataset = self._without_unused_columns(test_dataset, "evaluation")
+        dataset, collator = self._prepared(test_dataset, "evaluation")
         sampler = None if isinstance(dataset, IterableDataset) else EpochSampler(len(dataset), 0, shuffle=False)
-        return make_loader(self.args, self.data_collator, dataset, self.args.per_device_eval_batch_size, sampler)
+        return make_loader(self.args, collator, dataset, self.args.per_device_eval_batch_size, sampler)
 
-    def _without_unused_columns(self, dataset, description: str):
+    def _prepared(self, dataset, description: str):
+        """(data set, collator) as Trainer prepares them under `remove_unused_columns`: the columns the model does
+        not take are dropped from a `datasets.Dataset`, from the items of any other data set by the collator."""
         import datasets
 
-        if isinstance(dataset, datasets.Dataset) and self.args.remove_unused_columns:
-            return self._remove_unused_columns(dataset, description=description)
-        return dataset
+        if not isinstance(dataset, datasets.Dataset):
+            return dataset, self._get_collator_with_removed_columns(self.data_collator, description=description)
+        if self.args.remove_unused_columns:
+            dataset = self._remove_unused_columns(dataset, description=description)
+        return dataset, self.data_collator
 
     # -- the engine ---------------------------------------------------------------------------------------------------
     def _build_pipeline(self, max_steps: int = 0, steps_per_epoch: float = 1.0, training: bool = True) -> Pipeline:
@@ -126,7 +131,9 @@ class PetraTrainer(Trainer):
             loss_function(self),
             mode=args.petra_mode,
             accumulation_steps=args.gradient_accumulation_steps if training else 1,
-            optimizer_factory=optimizer_factory(args, self.model, self.optimizer_cls_and_kwargs) if training else None,
+            optimizer_factory=optimizer_factory(args, self.model, self.optimizer_cls_and_kwargs,
+                                                self.get_optimizer_cls_and_kwargs,
+                                                self.get_decay_parameter_names(self.model)) if training else None,
             scheduler_factory=schedules,
             partition=args.partition_sizes() if training or args.petra_partition != "auto" else None,
             profile_batch=self._profile_batch if training else None,
@@ -140,6 +147,12 @@ class PetraTrainer(Trainer):
             weight_prediction=args.petra_weight_prediction,
             memory_budget=args.memory_budget_bytes() if training else None,
         )
+
+    def get_decay_parameter_names(self, model) -> list[str]:
+        """The parameters weight decay applies to: those with more than one dimension (the paper's rule and timm's:
+        none on biases nor on batch-norm and layer-norm weights; Trainer's own rule decays batch-norm weights).
+        Override it as in Trainer."""
+        return [name for name, param in model.named_parameters() if param.dim() > 1]
 
     def _pipeline_for_inference(self) -> Pipeline:
         if self.pipeline is not None:
@@ -155,10 +168,10 @@ class PetraTrainer(Trainer):
         args = self.args
         self.stages = self._make_stages()  # model_init may have built a new model
         loader = self.get_train_dataloader()
-        check_first_batch(self.model, self.data_collator, loader.dataset)
+        check_first_batch(self.model, loader.collate_fn, loader.dataset)
         if args.petra_partition == "auto" or args.memory_budget_bytes() is not None:  # measured on it
             micro_batch = args.per_device_train_batch_size
-            self._profile_batch = repeated_first_batch(self.data_collator, loader.dataset, micro_batch)
+            self._profile_batch = repeated_first_batch(loader.collate_fn, loader.dataset, micro_batch)
         check_all_labels(self.train_dataset, self.model.config.num_labels, collator=self.data_collator,
                          problem_type=self.model.config.problem_type)
         per_epoch, steps_per_epoch, max_steps = plan_steps(loader, args)
@@ -194,10 +207,8 @@ class PetraTrainer(Trainer):
         if resume_from_checkpoint is not None:
             load_stage_states(resume_from_checkpoint, self.pipeline)
         self.model.train()
-        self._pending, self._unlogged = LossWindow(), LossWindow()
+        self._pending, self._unlogged, self._trained = PendingLosses(), LossWindow(), LossWindow()
         self._initial_global_step = self.state.global_step
-        self._total_loss_scalar = 0.0  # sum and count of the losses logged by this train() call
-        self._losses_logged = 0
         self._tr_loss = torch.tensor(0.0)
         self._globalstep_last_logged = self.state.global_step
         start_time = time.time()
@@ -241,12 +252,11 @@ class PetraTrainer(Trainer):
             self._leave_epoch(epoch, trial, ignore_keys_for_eval, last=last, finished=finished)
         self._sync_model()
         unlogged, self._unlogged = self._unlogged, LossWindow()  # as in Trainer: counted in train_loss, not logged
-        self._total_loss_scalar += unlogged.loss_sum
-        self._losses_logged += unlogged.losses
+        self._trained.merge(unlogged)
         num_steps = self.state.global_step - self._initial_global_step
         samples = (self._micro_batches_fed - fed_at_start) * args.per_device_train_batch_size
         metrics = speed_metrics("train", start_time, num_samples=samples, num_steps=num_steps)
-        metrics["train_loss"] = self._total_loss_scalar / max(1, self._losses_logged)
+        metrics["train_loss"] = self._trained.mean()
         metrics["train_runtime"] = round(time.time() - start_time, 4)
         self.store_flos()
         metrics["total_flos"] = self.state.total_flos
@@ -293,6 +303,7 @@ class PetraTrainer(Trainer):
         optimizer events mark the step's close, not a moment when gradients can be read)."""
         for event in (self.callback_handler.on_pre_optimizer_step, self.callback_handler.on_optimizer_step):
             self.control = event(self.args, self.state, self.control)
+        self._pending.close_step(self.pipeline.fed)
         if last:  # drain first, so that the last step's log holds the last losses
             self._pending.add(self.pipeline.drain())
         self.state.global_step += 1
@@ -303,8 +314,7 @@ class PetraTrainer(Trainer):
     def _collect_losses(self) -> None:
         """Bring the losses the last stage produced since the last call to every rank (at the same points on every
         rank); stop on a NaN before anything else is saved."""
-        pending, self._pending = self._pending, LossWindow()
-        self._unlogged.merge(collect(pending, self.state.global_step, len(self.stages) - 1))
+        self._unlogged.merge(collect(self._pending.take(), self.state.global_step, len(self.stages) - 1))
 
     def _sync_model(self) -> None:
         """Drain, then give every rank every stage's trained weights."""
@@ -331,8 +341,7 @@ class PetraTrainer(Trainer):
 
     def _log_training(self) -> None:
         window, self._unlogged = self._unlogged, LossWindow()
-        self._total_loss_scalar += window.loss_sum
-        self._losses_logged += window.losses
+        self._trained.merge(window)
         logs = training_logs(window, self.pipeline, self.args)
         self._globalstep_last_logged = self.state.global_step
         self.store_flos()
