@@ -5,9 +5,9 @@ What a PETRA checkpoint adds to a saved model folder: the optimizer and LR-sched
 processes with the same stages and the same number of pipeline replicas) and the run's position
 (`petra_state.json`).
 
-A checkpoint is written into `tmp-checkpoint-N/` (which `get_last_checkpoint` and the rotation ignore), checked to
-hold every file, then renamed to `checkpoint-N/` in one step; only then are old checkpoints rotated out. A run
-killed at any moment therefore leaves its last complete checkpoint.
+A checkpoint is written into `_tmp-checkpoint-N/` (which `get_last_checkpoint`, the rotation and the Hub pushes of
+output_dir ignore), checked to hold every file, then renamed to `checkpoint-N/` in one step; only then are old
+checkpoints rotated out. A run killed at any moment therefore leaves its last complete checkpoint.
 
 Stage files hold tensors and plain containers only and are read with `torch.load(weights_only=True)`: a
 checkpoint may come from someone else, and loading it must never run code.
@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import shutil
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -26,9 +27,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import TrainerState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, rotate_checkpoints
-from transformers.trainer_utils import sort_checkpoints
+from transformers.trainer_utils import HubStrategy, sort_checkpoints
 
 from ..engine import Pipeline
+from .card import write_run_card
 from .distributed import barrier, process_rank
 from .rng_state import RNG_STATE_PATTERN, read_rng_state, save_rng_state
 
@@ -51,19 +53,21 @@ class PetraState:
     stage_groups: list[int] | None = None  # model stages per pipeline stage (None in older checkpoints)
     # pipeline replicas: an epoch's position counts micro-batches per replica (None in older checkpoints)
     data_parallel: int | None = None
+    # the stages' optimizer class, e.g. "AdamW": another cannot load their states (None in older checkpoints)
+    optimizer: str | None = None
 
     def check_compatible(self, other: "PetraState", folder) -> None:
         """Refuse to resume a run whose set-up differs from the checkpoint's (fields unknown to old checkpoints are
         not compared)."""
         keys = ("num_stages", "stage_groups", "mode", "accumulation_steps", "micro_batch_size", "dataset",
-                "data_parallel")
+                "data_parallel", "optimizer")
         differ = [
             f"{key}: checkpoint {getattr(self, key)!r}, this run {getattr(other, key)!r}"
             for key in keys
             if getattr(self, key) is not None and getattr(self, key) != getattr(other, key)
         ]
         if differ:
-            raise ValueError(f"cannot resume from {folder}: it belongs to a different run ({'; '.join(differ)})")
+            raise different_run(folder, differ)
 
     def save(self, folder: str | Path) -> None:
         Path(folder, PETRA_STATE_NAME).write_text(json.dumps(asdict(self), indent=2))
@@ -78,7 +82,8 @@ class PetraState:
         except (ValueError, TypeError) as error:
             raise ValueError(f"{path} is unreadable (the checkpoint is incomplete or corrupt): {error}") from None
         wrong = [key for key, least in _COUNTS.items() if not _count_or_none(getattr(state, key), least)]
-        wrong += [key for key in ("mode", "dataset") if not isinstance(getattr(state, key), (str, type(None)))]
+        texts = ("mode", "dataset", "optimizer")
+        wrong += [key for key in texts if not isinstance(getattr(state, key), (str, type(None)))]
         if not (state.stage_groups is None or isinstance(state.stage_groups, list)
                 and all(_count_or_none(size, 1) and size is not None for size in state.stage_groups)):
             wrong.append("stage_groups")
@@ -87,6 +92,10 @@ class PetraState:
                              f"of stages, steps, sizes and replicas; at least 0 for positions), got "
                              f"{', '.join(f'{key}={getattr(state, key)!r}' for key in wrong)}")
         return state
+
+
+def different_run(folder, differences: list[str]) -> ValueError:
+    return ValueError(f"cannot resume from {folder}: it belongs to a different run ({'; '.join(differences)})")
 
 
 # PetraState's whole-number fields and their least values
@@ -107,7 +116,7 @@ def missing_files(folder: str, num_stages: int) -> list[str]:
 
 def staging_dir(final: str) -> str:
     """Where checkpoint `final` is written before it is published (invisible to `get_last_checkpoint`)."""
-    return os.path.join(os.path.dirname(final), "tmp-" + os.path.basename(final))
+    return os.path.join(os.path.dirname(final), "_tmp-" + os.path.basename(final))
 
 
 def publish_checkpoint(staging: str, final: str, num_stages: int) -> None:
@@ -119,7 +128,7 @@ def publish_checkpoint(staging: str, final: str, num_stages: int) -> None:
             "previous checkpoints are kept"
         )
     if os.path.isdir(final):
-        aside = os.path.join(os.path.dirname(final), "tmp-replaced-" + os.path.basename(final))
+        aside = os.path.join(os.path.dirname(final), "_tmp-replaced-" + os.path.basename(final))
         shutil.rmtree(aside, ignore_errors=True)
         os.replace(final, aside)
         os.replace(staging, final)
@@ -170,13 +179,17 @@ def _read_trainer_state(path: str) -> TrainerState:
 
 
 def validate_checkpoint(folder: str, num_stages: int) -> None:
-    """Before resuming: every file is there and readable (a truncated file names itself)."""
+    """Before resuming: the checkpoint has this run's `num_stages`, and every file is there and readable (a
+    truncated file names itself)."""
     from safetensors import safe_open
 
+    if Path(folder, PETRA_STATE_NAME).is_file():  # each reader names its file when it is truncated or corrupt
+        saved = PetraState.load(folder)
+        if saved.num_stages != num_stages:  # not "incomplete": it lacks this run's stages, or has more
+            raise different_run(folder, [f"num_stages: checkpoint {saved.num_stages}, this run {num_stages}"])
     missing = missing_files(folder, num_stages)
     if missing:
         raise FileNotFoundError(f"checkpoint {folder} is incomplete: it lacks {', '.join(missing[:4])}")
-    PetraState.load(folder)  # each reader names its file when it is truncated or corrupt
     _read_trainer_state(os.path.join(folder, "trainer_state.json"))
     try:
         with safe_open(str(Path(folder, "model.safetensors")), framework="pt") as handle:
@@ -277,9 +290,37 @@ def load_best_model(model: torch.nn.Module, checkpoint: str | Path) -> None:
     model.load_state_dict(load_file(str(path), device=str(next(model.parameters()).device)))
 
 
+def write_checkpoint_card(trainer, final: str) -> None:
+    """The model card `save_model` wrote in the staging folder names that folder (its model name, where the snippets
+    load from, unless the run has a Hub repository): it is written again for `final`, once published (a run killed
+    in between leaves the first one)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="model card:")  # given when the first one was written
+        write_run_card(trainer, final)
+
+
+def pushes_now(trainer) -> bool:
+    """Whether `Trainer._push_from_checkpoint` uploads now: on process 0, unless `hub_strategy` is "end" or the
+    previous push is still uploading (and `hub_always_push` is false)."""
+    busy = trainer.push_in_progress is not None and not trainer.push_in_progress.is_done()
+    return (trainer.is_world_process_zero() and trainer.args.hub_strategy != HubStrategy.END
+            and (trainer.args.hub_always_push or not busy))
+
+
+def copy_repository_files(checkpoint: str, output_dir: str) -> None:
+    """Besides the configuration and weights Trainer copies from `checkpoint` to `output_dir` before pushing it: the
+    code files its config.json names in auto_map (`trust_remote_code`), its image processor (which Trainer saves
+    again only from a `processing_class`) and its model card."""
+    extras = [Path(checkpoint, name) for name in ("preprocessor_config.json", "README.md")]
+    for path in [*sorted(Path(checkpoint).glob("*.py")), *extras]:
+        if path.is_file():
+            shutil.copyfile(path, Path(output_dir, path.name))
+
+
 def write_checkpoint(trainer, run_dir: str, state: PetraState) -> None:
-    """Write `checkpoint-N` whole or not at all (call it on every rank): into `tmp-checkpoint-N`, then checked and
-    renamed by the saving rank, which only then rotates old checkpoints out and pushes (per `hub_strategy`)."""
+    """Write `checkpoint-N` whole or not at all (call it on every rank): into `_tmp-checkpoint-N`, then checked and
+    renamed by the saving rank, which only then gives it its card, rotates old checkpoints out and pushes (per
+    `hub_strategy`)."""
     final = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}")
     staging = staging_dir(final)
     if trainer.args.should_save:
@@ -289,6 +330,7 @@ def write_checkpoint(trainer, run_dir: str, state: PetraState) -> None:
     barrier(f"write their parts of {final}")
     if trainer.args.should_save:
         publish_checkpoint(staging, final, state.num_stages)
+        write_checkpoint_card(trainer, final)
         rotate(trainer, run_dir)
     if trainer.args.push_to_hub:
         trainer._push_from_checkpoint(final)

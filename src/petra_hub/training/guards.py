@@ -19,7 +19,10 @@ from ..engine import Pipeline, all_gather_json
 from ..models.loading_checks import non_finite_tensors
 from .distributed import together, world_size
 
-LOCK_NAME = ".petra_run.lock"
+# Named `_*`, as the staging folders (checkpoint.py), so that Trainer's Hub pushes of output_dir (which ignore `_*`
+# and `checkpoint-*`) never upload it: a clone of the repository must not hold this host's lock.
+LOCK_NAME = "_petra_run.lock"
+LEGACY_LOCK_NAME = ".petra_run.lock"  # earlier versions' name (pushed with the folder): honoured on this host only
 RUN_FILES = ("trainer_state.json", "model.safetensors", "petra_state.json")
 # What a run writes at the top of output_dir, cleared by overwrite_output_dir when an earlier run is there (its
 # RUN_FILES or checkpoints); nothing else is touched. Checkpoint folders must hold a run's files, and the model
@@ -27,7 +30,7 @@ RUN_FILES = ("trainer_state.json", "model.safetensors", "petra_state.json")
 RUN_OUTPUTS = {*RUN_FILES, "training_args.bin", "preprocessor_config.json", "model.safetensors.index.json",
                "all_results.json", "train_results.json", "eval_results.json", "predict_results.json",
                "predict_results.txt"}
-CHECKPOINT_FOLDER = re.compile(r"(tmp-)?checkpoint-\d+")
+CHECKPOINT_FOLDER = re.compile(r"(_?tmp-)?checkpoint-\d+")  # published or staged (tmp-: earlier versions)
 SHARDS = re.compile(r"model-\d+-of-\d+\.safetensors")
 FAMILY_CODE = {"revnet": ("configuration_revnet.py", "modeling_revnet.py", "loading_checks.py"),
                "revvit": ("configuration_revvit.py", "modeling_revvit.py", "loading_checks.py")}
@@ -65,7 +68,7 @@ def check_output_dir(folder: str, model: torch.nn.Module) -> None:
     """Fail before the first step if `folder` cannot be written or has no room for a checkpoint."""
     try:
         os.makedirs(folder, exist_ok=True)
-        probe = Path(folder, f".petra_write_probe_{os.getpid()}")
+        probe = Path(folder, f"_petra_write_probe_{os.getpid()}")
         probe.write_bytes(b"ok")
         probe.unlink()
     except OSError as error:
@@ -153,8 +156,10 @@ def _is_our_card(card: Path) -> bool:
 
 
 class RunLock:
-    """`output_dir/.petra_run.lock`, held by the saving process while it trains: a second run into the same folder
-    fails at once instead of silently mixing checkpoints. A lock left by a dead process on this host is taken over."""
+    """`output_dir/_petra_run.lock`, held by the saving process while it trains: a second run into the same folder
+    fails at once instead of silently mixing checkpoints. A lock left by a dead process on this host is taken over.
+    The lock of earlier versions, `.petra_run.lock`, which their Hub pushes uploaded, counts only when it names a
+    live process of this host: one in a downloaded repository names the host that pushed it."""
 
     def __init__(self, folder: str):
         self.path = Path(folder, LOCK_NAME)
@@ -162,6 +167,11 @@ class RunLock:
 
     def acquire(self) -> None:
         owner = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+        legacy = Path(self.path.parent, LEGACY_LOCK_NAME)
+        holder = _read_lock(legacy)
+        if holder is not None and holder.get("host") == socket.gethostname():
+            self._refuse_unless_stale(holder)
+            legacy.unlink(missing_ok=True)
         for _ in range(2):
             try:
                 with open(self.path, "x", encoding="utf-8") as handle:
@@ -169,25 +179,23 @@ class RunLock:
                 self.held = True
                 return
             except FileExistsError:
-                holder = self._holder()
-                if holder is not None and not self._stale(holder):
-                    raise FileExistsError(
-                        f"another run (process {holder.get('pid')} on {holder.get('host')}) is training into "
-                        f"{str(self.path.parent)!r}; wait for it or choose another output_dir"
-                    ) from None
+                holder = _read_lock(self.path)
+                if holder is not None:
+                    self._refuse_unless_stale(holder)
                 self.path.unlink(missing_ok=True)
         raise FileExistsError(f"could not take the run lock {str(self.path)!r}")
+
+    def _refuse_unless_stale(self, holder: dict) -> None:
+        if not self._stale(holder):
+            raise FileExistsError(
+                f"another run (process {holder.get('pid')} on {holder.get('host')}) is training into "
+                f"{str(self.path.parent)!r}; wait for it or choose another output_dir"
+            ) from None
 
     def release(self) -> None:
         if self.held:
             self.path.unlink(missing_ok=True)
             self.held = False
-
-    def _holder(self) -> dict | None:
-        try:
-            return json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return None
 
     @staticmethod
     def _stale(holder: dict) -> bool:
@@ -200,6 +208,14 @@ class RunLock:
         except (OSError, ValueError):
             return True
         return False
+
+
+def _read_lock(path: Path) -> dict | None:
+    try:
+        holder = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return holder if isinstance(holder, dict) else None
 
 
 def preflight(args, model: torch.nn.Module, replica: int, resume_from_checkpoint: str | None) -> RunLock:

@@ -30,7 +30,7 @@ from .batches import plan_steps, repeated_first_batch, split_batch
 from .card import name_labels, save_run_folder, write_run_card
 from .card_data import record_evaluation
 from .checkpoint import PetraState, checkpoint_to_resume, end_with_the_best, load_stage_states, load_trainer_state
-from .checkpoint import write_checkpoint
+from .checkpoint import copy_repository_files, pushes_now, write_checkpoint
 from .distributed import broadcast_module, check_same_run, check_shared_output_dir, process_rank
 from .distributed import barrier, raise_on_every_rank, world_size
 from .evaluation import eval_set_named, run_inference
@@ -269,7 +269,13 @@ class PetraTrainer(Trainer):
         args = self.args
         return PetraState(self._micro_batches_fed, len(self.stages), args.petra_mode, args.gradient_accumulation_steps,
                           *self._position, args.per_device_train_batch_size, dataset_label(self.train_dataset),
-                          group_sizes(self.stages), args.petra_data_parallel)
+                          group_sizes(self.stages), args.petra_data_parallel, self._optimizer_name())
+
+    def _optimizer_name(self) -> str:
+        """The class of the stages' optimizers, as `_build_pipeline` chooses it (a checkpoint records it: another
+        class cannot load its optimizer states)."""
+        chosen = self.optimizer_cls_and_kwargs or self.get_optimizer_cls_and_kwargs(self.args, self.model)
+        return getattr(chosen[0], "__name__", type(chosen[0]).__name__)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
         resume_from_checkpoint = checkpoint_to_resume(resume_from_checkpoint, self.args.output_dir, len(self.stages))
@@ -398,6 +404,13 @@ class PetraTrainer(Trainer):
     def _save_checkpoint(self, model, trial) -> None:
         self.store_flos()
         write_checkpoint(self, self._get_output_dir(trial=trial), self._run_state())
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        """Trainer's push of a new checkpoint's model, with its code files, image processor and model card: every
+        push of the repository loads with trust_remote_code and pipeline and has its card, not only the last one."""
+        if pushes_now(self):
+            copy_repository_files(checkpoint_folder, self.args.output_dir)
+        super()._push_from_checkpoint(checkpoint_folder)
 
     def _exportable_callbacks(self) -> list:
         return [cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)]
