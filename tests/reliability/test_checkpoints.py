@@ -11,6 +11,7 @@ import torch
 from transformers.trainer_utils import get_last_checkpoint
 
 import petra_hub.training.checkpoint as checkpoint_module
+from petra_hub.training.guards import LOCK_NAME
 from petra_hub.data import load_image_dataset, take
 from tests.training.test_trainer import make_trainer
 
@@ -76,7 +77,7 @@ def test_a_kill_while_saving_keeps_the_last_complete_checkpoint(tmp_path, monkey
     monkeypatch.setattr(checkpoint_module, "save_stage_states", real_save)
     resumed = make_trainer(tmp_path, max_steps=6, save_strategy="steps", save_steps=2, save_total_limit=1)
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
-    assert checkpoints(tmp_path) == ["checkpoint-6"] and not list(tmp_path.glob("tmp-*"))
+    assert checkpoints(tmp_path) == ["checkpoint-6"] and not list(tmp_path.glob("*tmp-*"))
 
 
 def test_an_unwritable_or_full_output_dir_fails_before_the_first_step(tmp_path, monkeypatch):
@@ -111,7 +112,7 @@ def test_another_runs_folder_is_refused_unless_overwritten(tmp_path):
 
 def test_a_folder_in_use_is_refused_and_a_dead_runs_lock_is_taken_over(tmp_path):
     tmp_path.mkdir(exist_ok=True)
-    lock = tmp_path / ".petra_run.lock"
+    lock = tmp_path / LOCK_NAME
     lock.write_text(json.dumps({"pid": os.getppid(), "host": socket.gethostname()}))  # a live process
     with pytest.raises(FileExistsError, match="another run"):
         make_trainer(tmp_path, max_steps=2).train()

@@ -78,7 +78,8 @@ TRAINING_ARGUMENT_SUPPORT: dict[str, FieldSupport] = {
     "optim": _honoured(
         "one optimizer per stage through the trainer's get_optimizer_cls_and_kwargs (a subclass may override it, as in "
         "Trainer); refused: GaLore, APOLLO, LOMO "
-        "(whole-model parameter groups) and schedule-free ones (need optimizer.train()/eval())"
+        "(whole-model parameter groups) and schedule-free ones (need optimizer.train()/eval()); a checkpoint records "
+        "the optimizer class, and resuming with another is refused"
     ),
     "optim_args": _honoured("extra optimizer arguments, as in transformers (e.g. momentum=0.9,nesterov=True)"),
     "weight_decay": _honoured(
@@ -219,7 +220,10 @@ TRAINING_ARGUMENT_SUPPORT: dict[str, FieldSupport] = {
     "hub_token": _honoured("token of the Hub pushes"),
     "hub_private_repo": _honoured("whether a newly created Hub repository is private"),
     "hub_model_id": _honoured("the Hub repository (default: the name of output_dir); also named in the model card"),
-    "hub_strategy": _honoured("what is pushed and when: end, every_save, checkpoint or all_checkpoints"),
+    "hub_strategy": _honoured(
+        "what is pushed and when: end, every_save, checkpoint or all_checkpoints; every push holds the code files "
+        "(trust_remote_code), the image processor and the model card, never the run lock"
+    ),
     "hub_always_push": _honoured("push every checkpoint even while the previous upload is still running"),
     "hub_revision": _honoured("the branch or revision the pushes go to"),
     # -- best model ----------------------------------------------------------------------------------------------
