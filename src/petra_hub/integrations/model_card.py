@@ -77,6 +77,8 @@ class TrainingSummary:
     image_std: tuple | None = None
     image_resize: int | None = None  # the processor resizes an image to image_resize x image_resize, or with
     image_center_crop: bool = False  # image_center_crop its shorter side to image_resize, then crops image_size
+    image_processor: bool = True  # the model's folder holds its image processor (preprocessor_config.json); False:
+    # none was saved, so the card does not point at one
     image_column: str | None = None  # where the how-to finds an image and its label in a Hub data set
     label_column: str | None = None
     example_split: str | None = None
@@ -274,7 +276,9 @@ def _template_variables(summary: TrainingSummary, repo_id: str | None, config=No
         "num_parameters": words.parameters_text(summary.num_parameters),
         "input_description": words.input_text(spec, summary.image_size, summary.image_mean, summary.image_std,
                                               image_resize=summary.image_resize,
-                                              image_center_crop=summary.image_center_crop),
+                                              image_center_crop=summary.image_center_crop,
+                                              image_processor=summary.image_processor),
+        "has_image_processor": summary.image_processor,
         "num_labels": words.labels_text(label_names, num_labels),
         "task": summary.tasks[0] if summary.tasks else DEFAULT_TASK,
         "mode": mode.value,

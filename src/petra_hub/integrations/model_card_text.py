@@ -193,16 +193,21 @@ def input_text(
     num_channels: int | None = None,
     image_resize: int | None = None,
     image_center_crop: bool = False,
+    image_processor: bool = True,
 ) -> str:
     """What the model expects: the given values (those of the saved image processor) when there are some, else the
     registry's for a petra_hub data set (whose processor, ``data.image_processor_for``, prepares images as its
     evaluation does). `image_resize`: the side the processor resizes an image to, the whole image (S x S) or, with
-    `image_center_crop`, its shorter side before the centred `image_size` square is cropped."""
+    `image_center_crop`, its shorter side before the centred `image_size` square is cropped. `image_processor`:
+    whether the model's folder holds its image processor (else the line does not point at one)."""
     if spec is not None and image_size is None:
         info = spec.info
         image_size, image_mean, image_std, num_channels = info.image_size, info.mean, info.std, info.num_channels
         image_resize, image_center_crop = spec.eval_shorter_side or info.image_size, bool(spec.eval_shorter_side)
     if image_size is None or image_mean is None or image_std is None:
+        if not image_processor:
+            return ("images prepared as the training data was; not recorded: no image processor was saved with this "
+                    "model")
         return "RGB images (see `preprocessor_config.json`)"
     shape = f"{num_channels or 3}x{image_size}x{image_size}"
     if image_resize and image_center_crop:

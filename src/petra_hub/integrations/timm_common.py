@@ -195,6 +195,29 @@ def first_conv_channels(path: str) -> int | None:
     return None
 
 
+WEIGHTS_FILE = "model.safetensors"  # what save_pretrained writes in a model's folder (unsharded)
+
+
+def weights_file(path: str | os.PathLike) -> str:
+    """The weights file `pretrained_cfg_overlay=dict(file=...)` names: the file itself, or the ``model.safetensors``
+    in a model's folder (as ``save_pretrained`` writes it); FileNotFoundError saying what is missing."""
+    path = os.fspath(path)
+    if os.path.isfile(path):
+        return path
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"pretrained weights file {path!r} does not exist")
+    file = os.path.join(path, WEIGHTS_FILE)
+    if os.path.isfile(file):
+        return file
+    sharded = os.path.isfile(os.path.join(path, f"{WEIGHTS_FILE}.index.json"))
+    hint = (f"it holds sharded weights ({WEIGHTS_FILE}.index.json): save the model with a larger max_shard_size "
+            "to get one file" if sharded else "give the path of the weights file itself")
+    raise FileNotFoundError(
+        f"pretrained weights file {path!r} is a folder without {WEIGHTS_FILE} (expected {file!r}, the file "
+        f"save_pretrained writes); {hint}"
+    )
+
+
 def prepare_pretrained(variant: str, pretrained_cfg, overlay: dict | None, architecture: str) -> dict | None:
     """Fail clearly when there is nothing to load; return the overlay, completed with the file's head width and,
     as the channels of `input_size`, those of the file's first convolution: timm adapts that convolution from them
@@ -207,13 +230,14 @@ def prepare_pretrained(variant: str, pretrained_cfg, overlay: dict | None, archi
             f"), ...) with the architecture arguments ({architecture}) of the saved model"
         )
     if resolved.file:
-        if not os.path.isfile(resolved.file):
-            raise FileNotFoundError(f"pretrained weights file {resolved.file!r} does not exist")
+        file = weights_file(resolved.file)
+        if file != resolved.file:  # a model's folder: timm loads the weights file it holds
+            overlay = {**(overlay or {}), "file": file}
         if overlay is not None and "num_classes" not in overlay:
-            width = classifier_width(resolved.file)
+            width = classifier_width(file)
             if width is not None:
                 overlay = {**overlay, "num_classes": width}
-        channels = first_conv_channels(resolved.file)
+        channels = first_conv_channels(file)
         if channels is not None:
             size = (overlay or {}).get("input_size") or resolved.input_size
             overlay = {**(overlay or {}), "input_size": (channels, *size[1:])}

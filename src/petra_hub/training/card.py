@@ -8,6 +8,7 @@ The trainer's entry points: `name_labels(trainer)` and `save_run_folder(trainer,
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import warnings
@@ -16,9 +17,10 @@ from typing import Any
 
 import torch
 
+from ..data import dataset_spec, image_processor_for
 from ..integrations.hub import name_generic_labels
 from ..integrations.model_card import TrainingSummary
-from ..integrations.model_card_text import is_number, is_speed_metric, metric_key, percentage_problem
+from ..integrations.model_card_text import is_hub_id, is_number, is_speed_metric, metric_key, percentage_problem
 from .card_data import (
     apply_card_arguments,
     class_names,
@@ -43,17 +45,59 @@ def hardware_description() -> str:
 # hyper-parameters and results
 
 
-def optimizer_text(args, model) -> str:
-    """`args.optim` and the keyword arguments it gives the optimizer (optim_args included), learning rate apart."""
+def optimizer_text(args, model, choose=None) -> str:
+    """`args.optim` and the keyword arguments it gives the optimizer (optim_args included), learning rate and weight
+    decay apart (the card has rows for both). `choose`: the trainer's `get_optimizer_cls_and_kwargs` (default
+    Trainer's)."""
     from transformers import Trainer
 
     name = getattr(args.optim, "value", args.optim)
+    choose = choose or Trainer.get_optimizer_cls_and_kwargs
     try:
-        cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
+        cls, kwargs = choose(args, model)
     except (ImportError, RuntimeError, ValueError):  # an optimizer this environment cannot build: say what was asked
         return f"`{name}`" + (f" ({args.optim_args})" if args.optim_args else "")
-    settings = ", ".join(f"{key}={value}" for key, value in kwargs.items() if key != "lr")
-    return f"`{name}`: {cls.__name__}({settings})"
+    return f"`{name}`: {_optimizer_call(cls, kwargs)}"
+
+
+def _optimizer_call(cls, kwargs: dict) -> str:
+    """"SGD(momentum=0.9, nesterov=True)": the class and its keyword arguments, but the learning rate and the weight
+    decay (the stages' parameter groups set their own: `optimization.optimizer_factory`)."""
+    settings = ", ".join(f"{key}={value}" for key, value in kwargs.items() if key not in ("lr", "weight_decay"))
+    return f"{getattr(cls, '__name__', str(cls))}({settings})"
+
+
+def _default_learning_rate(cls) -> float | None:
+    """The default of `cls`'s `lr` argument (SGD's 0.001), None when it has none."""
+    try:
+        default = inspect.signature(cls).parameters["lr"].default
+    except (KeyError, TypeError, ValueError):
+        return None
+    return _learning_rate(default)
+
+
+def _learning_rate(value) -> float | None:
+    try:
+        value = float(value)  # a number, or a one-element tensor
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def optimizer_and_learning_rate(trainer) -> tuple[str, float | None]:
+    """(the Optimizer row, the learning rate the stages start from), chosen as `optimization.optimizer_factory`
+    chooses the stages' optimizers: the trainer's `optimizer_cls_and_kwargs` as given (without "lr": the class's
+    default, as Trainer), else the trainer's own `get_optimizer_cls_and_kwargs(args, model)` (a subclass's
+    override included) at `args.micro_batch_learning_rate()`."""
+    args, model = trainer.args, trainer.model
+    given = getattr(trainer, "optimizer_cls_and_kwargs", None)
+    if given is not None:
+        cls, kwargs = given
+        kwargs = dict(kwargs or {})
+        rate = _learning_rate(kwargs["lr"]) if "lr" in kwargs else _default_learning_rate(cls)
+        return f"`optimizer_cls_and_kwargs`: {_optimizer_call(cls, kwargs)}", rate
+    choose = getattr(trainer, "get_optimizer_cls_and_kwargs", None)
+    return optimizer_text(args, model, choose), args.micro_batch_learning_rate()
 
 
 def schedule_text(args, warmup_steps: int | None) -> str:
@@ -141,6 +185,16 @@ def _other_sets_note(eval_dataset) -> list[str]:
             f"{', '.join(others)} (named `eval_<key>_...`) are in the run's log history (`trainer_state.json`) only."]
 
 
+def fine_tuned_from(config, repo_id: str | None = None) -> str | None:
+    """The Hub model a run fine-tunes, as transformers' `TrainingSummary.from_trainer` finds it: the
+    `config._name_or_path` that `from_pretrained("owner/name")` sets, when it is a Hub id (owner/name, not an
+    existing local path) and not the run's own repository."""
+    name = getattr(config, "_name_or_path", None)
+    if not isinstance(name, str) or not is_hub_id(name) or os.path.exists(name) or name == repo_id:
+        return None
+    return name
+
+
 def summarize_trainer(trainer, output_dir: str, **card_kwargs) -> TrainingSummary:
     """Everything the card of `trainer`'s run says (`card_kwargs`: those of `Trainer.create_model_card`, over the
     trainer's own `model_card_kwargs`, where the recipe names its data set and its evaluated split)."""
@@ -160,8 +214,9 @@ def summarize_trainer(trainer, output_dir: str, **card_kwargs) -> TrainingSummar
     accuracy = metrics.pop("accuracy") if is_number(accuracy) else None
     loss = metrics.pop("loss") if is_number(loss) else None
     warmup = args.get_warmup_steps(state.max_steps) if state.max_steps else None
+    optimizer, learning_rate = optimizer_and_learning_rate(trainer)
     extra = {}
-    if args.petra_scale_lr:
+    if args.petra_scale_lr and getattr(trainer, "optimizer_cls_and_kwargs", None) is None:
         extra["Learning rate scaling (petra_scale_lr)"] = (
             f"learning_rate {args.learning_rate:g} x micro-batch {args.per_device_train_batch_size} x k "
             f"{args.gradient_accumulation_steps} / 256")
@@ -183,6 +238,9 @@ def summarize_trainer(trainer, output_dir: str, **card_kwargs) -> TrainingSummar
     processor = {} if facts.from_registry else processor_convention(trainer.processing_class)
     repo_id = getattr(trainer, "hub_model_id", None) or args.hub_model_id
     fields.setdefault("model_name", Path(repo_id or output_dir).name)
+    base_model = fine_tuned_from(model.config, repo_id)
+    if base_model is not None:
+        fields.setdefault("base_model", base_model)
     epoch = state.epoch or None
     return TrainingSummary(
         preset=getattr(model.config, "preset", None),
@@ -204,8 +262,8 @@ def summarize_trainer(trainer, output_dir: str, **card_kwargs) -> TrainingSummar
         epochs=(round(epoch, 4) or epoch) if epoch else None,
         global_steps=state.global_step,
         micro_batch_size=args.per_device_train_batch_size,
-        learning_rate=args.micro_batch_learning_rate(),
-        optimizer=optimizer_text(args, model),
+        learning_rate=learning_rate,
+        optimizer=optimizer,
         lr_schedule=schedule_text(args, warmup),
         warmup_steps=warmup,
         weight_decay=args.weight_decay,
@@ -220,6 +278,7 @@ def summarize_trainer(trainer, output_dir: str, **card_kwargs) -> TrainingSummar
         results=results,
         num_parameters=sum(p.numel() for p in model.parameters()),
         extra=extra,
+        image_processor=saved_processor(trainer, facts) is not None,
         **processor,
         **fields,
     )
@@ -231,13 +290,33 @@ def name_labels(trainer) -> None:
     name_generic_labels(trainer.model.config, describe_data(trainer.train_dataset, trainer.eval_dataset).label_names)
 
 
+def saved_processor(trainer, facts=None):
+    """The image processor saved with the model: the trainer's `processing_class`, else, for a petra_hub data set,
+    the data set's (`data.image_processor_for`, images prepared as its evaluation prepares them, as `save_for_hub`
+    saves it); None for another data set without `processing_class` (the card then says that none was saved)."""
+    if trainer.processing_class is not None:
+        return trainer.processing_class
+    facts = facts if facts is not None else describe_data(trainer.train_dataset, trainer.eval_dataset)
+    if not facts.from_registry:
+        return None
+    spec = dataset_spec(facts.name)
+    return image_processor_for(facts.info or spec.info, spec.eval_shorter_side)
+
+
 def save_run_folder(trainer, output_dir: str) -> None:
-    """What `PetraTrainer.save_model` writes on the process that saves: the model (safetensors), the processor, the
-    training arguments and the model card."""
+    """What `PetraTrainer.save_model` writes on the process that saves: the model (safetensors), the image processor
+    (`saved_processor`), the training arguments and the model card."""
     os.makedirs(output_dir, exist_ok=True)
     trainer.model.save_pretrained(output_dir)
-    if trainer.processing_class is not None:
-        trainer.processing_class.save_pretrained(output_dir)
+    facts = describe_data(trainer.train_dataset, trainer.eval_dataset)
+    processor = saved_processor(trainer, facts)
+    if processor is not None:
+        processor.save_pretrained(output_dir)
+    else:
+        warnings.warn(f"save_model: no image processor saved (no processing_class, and "
+                      f"{facts.name} is not a petra_hub data set): give PetraTrainer the processing_class that "
+                      "prepares images as the training data was, so that AutoImageProcessor and pipeline load the "
+                      "model", stacklevel=3)
     torch.save(trainer.args, os.path.join(output_dir, "training_args.bin"))
     write_run_card(trainer, output_dir)
 

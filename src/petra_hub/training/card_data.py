@@ -25,7 +25,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from torch.utils.data import Subset
+
 from ..data import DATASET_SPECS, DatasetInfo, DatasetSpec, dataset_spec
+from ..data.dataset import _Head
+from .recipe_data import evaluated_part
 
 
 CUSTOM_DATASET = "a custom data set"
@@ -60,6 +64,7 @@ class DataFacts:
     config: str | None = None
     title: str | None = None  # a name given by the user (`dataset=`)
     from_registry: bool = False  # a petra_hub data set: the registry holds its input convention
+    info: DatasetInfo | None = None  # a petra_hub data set's own description
     eval_split: str | None = None  # the split's name where the data set knows it
     example_split: str | None = None
     image_column: str | None = None
@@ -83,10 +88,54 @@ def _hf_info(dataset):
     return info if hasattr(info, "builder_name") and hasattr(info, "dataset_name") else None
 
 
-def _split_name(dataset) -> str | None:
-    """The split a data set holds ("test", "validation", ...), also through a wrapper's ``.dataset``."""
-    split = getattr(dataset, "split", None) or getattr(getattr(dataset, "dataset", None), "split", None)
-    return str(split) if split else None
+def _split_name(dataset, depth: int = 4) -> str | None:
+    """The split a data set holds ("test", "validation", ...), also through wrappers' ``.dataset``."""
+    for _ in range(depth + 1):
+        split = getattr(dataset, "split", None)
+        if split:
+            return str(split)
+        dataset = getattr(dataset, "dataset", None)
+    return None
+
+
+def _length(dataset) -> int | None:
+    try:
+        return len(dataset)
+    except TypeError:  # an iterable data set
+        return None
+
+
+def _part(dataset, depth: int = 4) -> tuple[int, int, bool] | None:
+    """(items kept, items of the data set they come from, whether they are its first ones) when `dataset` keeps
+    part of the data set it wraps as ``.dataset`` (petra_hub.data.take, torch Subset, nested), else None."""
+    kept, first, inner = _length(dataset), True, dataset
+    for _ in range(depth):
+        wrapped = getattr(inner, "dataset", None)
+        outer_size, size = _length(inner), _length(wrapped)
+        if wrapped is None or _hf_info(inner) is not None or outer_size is None or size is None:
+            break
+        if isinstance(inner, Subset):
+            first = first and all(int(index) == position for position, index in enumerate(inner.indices))
+        elif not isinstance(inner, _Head):  # petra_hub.data.take keeps the first items; another wrapper: unknown
+            first = first and outer_size >= size
+        inner = wrapped
+    total = _length(inner)
+    if kept is None or total is None or kept >= total:
+        return None
+    return kept, total, first
+
+
+def evaluated_split(dataset, key: str | None = None) -> str | None:
+    """How the card names the evaluated data: its split ("test"; else `key`, its key in a dict of eval sets), or
+    the part of it a wrapper kept, in the recipe's words (``recipe_data.evaluated_part``): "first 64 of the 360
+    images of test"; "64 of the 360 images of test" for other items than the first."""
+    split = _split_name(dataset) or key
+    part = _part(dataset)
+    if part is None:
+        return split
+    kept, total, first = part
+    split = split or "the evaluation set"
+    return evaluated_part(split, kept, total) if first else f"{kept} of the {total} images of {split}"
 
 
 def _hub_repo(dataset, info) -> str | None:
@@ -152,7 +201,7 @@ def describe_data(train_dataset, eval_dataset) -> DataFacts:
     split is that of the reported eval set (the first of a dict: its own split, else its key)."""
     key, reported = reported_eval_set(eval_dataset)
     train, evaluation = _unwrapped(train_dataset), _unwrapped(reported)
-    facts = DataFacts(eval_split=_split_name(evaluation) or key)
+    facts = DataFacts(eval_split=evaluated_split(reported, key))
     info = dataset_of(train, evaluation)
     if info is not None:
         try:
@@ -160,7 +209,7 @@ def describe_data(train_dataset, eval_dataset) -> DataFacts:
         except ValueError:  # a DatasetInfo made by hand for a set the registry does not hold
             facts.name, facts.label_names = info.name, list(info.label_names)
             return facts
-        facts.name, facts.dataset_id, facts.from_registry = spec.name, spec.hub_id, True
+        facts.name, facts.dataset_id, facts.from_registry, facts.info = spec.name, spec.hub_id, True, info
         facts.label_names = list(spec.info.label_names)
         return facts
     for dataset in (train, evaluation):
