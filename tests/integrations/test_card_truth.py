@@ -123,6 +123,9 @@ def test_without_any_processor_the_card_does_not_point_at_one(tmp_path):
     text = load_card(tmp_path).text
     assert "preprocessor_config.json" not in card_rows(text)["Input"]
     assert "no image processor was saved" in card_rows(text)["Input"]
+    how_to = text.split("## How to use")[1].split("## Limitations")[0]  # its snippet needs no processor
+    assert "AutoImageProcessor" not in how_to and "pipeline(" not in how_to and "No image processor was saved" in how_to
+    assert "the saved image processor" not in text
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -26,6 +26,8 @@ from tests.training.test_trainer import make_trainer
 
 datasets = pytest.importorskip("datasets")
 
+PART = "first 40 of the 360 images of test"  # what make_trainer evaluates: take(test, 40)
+
 
 def metrics_with_f1(prediction):
     predicted = np.argmax(prediction.predictions, -1)
@@ -114,9 +116,9 @@ def test_digits_card_results_and_every_metric(digits_run):
     last_loss = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry][-1]
     accuracy = f"{100 * final['eval_accuracy']:.2f} %"
     assert rows[1] == f"| 2 | 8 | {last_loss:.4f} | {final['eval_loss']:.4f} | {accuracy} | 0.125 | 50.00 % |"
-    assert f"| Accuracy (test split) | {100 * final['eval_accuracy']:.2f} % |" in text
-    assert "| F1 macro (test split) | 0.125 |" in text
-    assert "| Top 2 accuracy (test split) | 50.00 % |" in text
+    assert f"| Accuracy ({PART}) | {100 * final['eval_accuracy']:.2f} % |" in text  # take(test, 40) evaluated
+    assert f"| F1 macro ({PART}) | 0.125 |" in text
+    assert f"| Top 2 accuracy ({PART}) | 50.00 % |" in text
     assert "runtime" not in text.lower() and "per second" not in text.lower()
     results = {result.metric_type: result.metric_value for result in card.data.eval_results}
     assert results == {"accuracy": final["eval_accuracy"], "f1_macro": 0.125, "top_2_accuracy": 0.5}
@@ -182,9 +184,9 @@ def test_a_dict_of_eval_sets_reports_its_first_set_everywhere(tmp_path):
     published = {result.metric_type: result for result in card.data.eval_results}
     assert published["examples"].metric_value == 40
     assert published["accuracy"].metric_value == final["eval_test_accuracy"]
-    assert {result.dataset_split for result in card.data.eval_results} == {"test"}
-    assert f"| Accuracy (test split) | {100 * final['eval_test_accuracy']:.2f} % |" in text
-    assert f"| Loss (test split) | {final['eval_test_loss']:.4f} |" in text and "| Examples (test split) | 40 |" in text
+    assert {result.dataset_split for result in card.data.eval_results} == {PART}
+    assert f"| Accuracy ({PART}) | {100 * final['eval_test_accuracy']:.2f} % |" in text
+    assert f"| Loss ({PART}) | {final['eval_test_loss']:.4f} |" in text and f"| Examples ({PART}) | 40 |" in text
     assert "| Epoch | Step | Training loss | Eval loss | Eval accuracy | Eval examples |" in text
     table = text.split("### Training results")[1].split("## Evaluation")[0]
     rows = [line for line in table.splitlines() if re.match(r"\| \d", line)]
@@ -227,7 +229,7 @@ def test_an_accuracy_given_as_a_percentage_is_refused_everywhere_in_the_card(tmp
     published = {result.metric_type: result.metric_value for result in card.data.eval_results}
     assert "accuracy" not in published and published["top_2_accuracy"] == 0.5
     assert "97.5" not in card.content.split("## Evaluation")[0]  # neither model-index nor the results table
-    assert "| Accuracy (test split) | not recorded |" in card.text
+    assert f"| Accuracy ({PART}) | not recorded |" in card.text
     assert "- compute_metrics returned `accuracy` = 97.5: a card reports accuracies as fractions in [0, 1] (give " \
            "0.975, not 97.5); this card leaves it out." in card.text
     assert "| Epoch | Step | Training loss | Eval loss | Eval top 2 accuracy | Eval f1 |" in card.text
@@ -409,7 +411,8 @@ def test_a_known_set_from_the_hub_gets_the_registry_id(tmp_path):
     assert (facts.name, facts.dataset_id, facts.config) == ("cifar10", "uoft-cs/cifar10", "plain_text")
     petra = take(load_image_dataset("digits", "train"), 8)
     facts = describe_data(petra, take(load_image_dataset("digits", "test"), 8))
-    assert (facts.name, facts.dataset_id, facts.from_registry, facts.eval_split) == ("digits", None, True, "test")
+    assert (facts.name, facts.dataset_id, facts.from_registry, facts.eval_split) == (
+        "digits", None, True, "first 8 of the 360 images of test")
 
 
 def test_save_model_names_placeholder_labels_as_save_for_hub_does(tmp_path):
