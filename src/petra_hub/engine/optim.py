@@ -3,15 +3,24 @@ biases (every parameter with at most one dimension)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
 
-def weight_decay_groups(stage: nn.Module, weight_decay: float) -> list[dict]:
-    """Parameter groups that decay weights with more than one dimension and spare norms and biases."""
-    decay = [p for p in stage.parameters() if p.requires_grad and p.dim() > 1]
-    spared = [p for p in stage.parameters() if p.requires_grad and p.dim() <= 1]
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": spared, "weight_decay": 0.0}]
+def decayed_by_the_paper(param: nn.Parameter) -> bool:
+    """The paper's weight-decay rule (timm's too): weights with more than one dimension; norms and biases spared."""
+    return param.dim() > 1
+
+
+def weight_decay_groups(stage: nn.Module, weight_decay: float,
+                        decays: Callable[[nn.Parameter], bool] = decayed_by_the_paper) -> list[dict]:
+    """The trainable parameters of `stage` in two groups: those `decays` picks at `weight_decay`, the others at 0
+    (an empty group left out)."""
+    trained = [p for p in stage.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in trained if decays(p)], "weight_decay": weight_decay},
+              {"params": [p for p in trained if not decays(p)], "weight_decay": 0.0}]
     return [group for group in groups if group["params"]]
 
 

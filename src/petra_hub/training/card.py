@@ -20,6 +20,7 @@ import torch
 from ..data import dataset_spec, image_processor_for
 from ..integrations.hub import name_generic_labels
 from ..integrations.model_card import TrainingSummary
+from .optimization import stage_optimizer
 from ..integrations.model_card_text import is_hub_id, is_number, is_speed_metric, metric_key, percentage_problem
 from .card_data import (
     apply_card_arguments,
@@ -43,21 +44,6 @@ def hardware_description() -> str:
 
 # --------------------------------------------------------------------------------------------------------------
 # hyper-parameters and results
-
-
-def optimizer_text(args, model, choose=None) -> str:
-    """`args.optim` and the keyword arguments it gives the optimizer (optim_args included), learning rate and weight
-    decay apart (the card has rows for both). `choose`: the trainer's `get_optimizer_cls_and_kwargs` (default
-    Trainer's)."""
-    from transformers import Trainer
-
-    name = getattr(args.optim, "value", args.optim)
-    choose = choose or Trainer.get_optimizer_cls_and_kwargs
-    try:
-        cls, kwargs = choose(args, model)
-    except (ImportError, RuntimeError, ValueError):  # an optimizer this environment cannot build: say what was asked
-        return f"`{name}`" + (f" ({args.optim_args})" if args.optim_args else "")
-    return f"`{name}`: {_optimizer_call(cls, kwargs)}"
 
 
 def _optimizer_call(cls, kwargs: dict) -> str:
@@ -85,19 +71,18 @@ def _learning_rate(value) -> float | None:
 
 
 def optimizer_and_learning_rate(trainer) -> tuple[str, float | None]:
-    """(the Optimizer row, the learning rate the stages start from), chosen as `optimization.optimizer_factory`
-    chooses the stages' optimizers: the trainer's `optimizer_cls_and_kwargs` as given (without "lr": the class's
-    default, as Trainer), else the trainer's own `get_optimizer_cls_and_kwargs(args, model)` (a subclass's
-    override included) at `args.micro_batch_learning_rate()`."""
-    args, model = trainer.args, trainer.model
-    given = getattr(trainer, "optimizer_cls_and_kwargs", None)
-    if given is not None:
-        cls, kwargs = given
-        kwargs = dict(kwargs or {})
-        rate = _learning_rate(kwargs["lr"]) if "lr" in kwargs else _default_learning_rate(cls)
-        return f"`optimizer_cls_and_kwargs`: {_optimizer_call(cls, kwargs)}", rate
-    choose = getattr(trainer, "get_optimizer_cls_and_kwargs", None)
-    return optimizer_text(args, model, choose), args.micro_batch_learning_rate()
+    """(the Optimizer row, the learning rate the stages start from) of the stages' optimizer
+    (`optimization.stage_optimizer`): `args.optim`, or `optimizer_cls_and_kwargs`, and the keyword arguments it gets
+    (without "lr": the class's default rate)."""
+    args = trainer.args
+    name = "optimizer_cls_and_kwargs" if trainer.optimizer_cls_and_kwargs is not None else \
+        getattr(args.optim, "value", args.optim)
+    try:
+        cls, kwargs = stage_optimizer(trainer)
+    except (ImportError, RuntimeError, ValueError):  # an optimizer this environment cannot build: say what was asked
+        return f"`{name}`" + (f" ({args.optim_args})" if args.optim_args else ""), args.micro_batch_learning_rate()
+    rate = _learning_rate(kwargs["lr"]) if "lr" in kwargs else _default_learning_rate(cls)
+    return f"`{name}`: {_optimizer_call(cls, kwargs)}", rate
 
 
 def schedule_text(args, warmup_steps: int | None) -> str:

@@ -9,33 +9,32 @@ from torch import nn
 from transformers import Trainer, get_scheduler
 
 from ..engine import Mode
+from ..engine.optim import weight_decay_groups
 from .arguments import PetraTrainingArguments
 
 
-def optimizer_factory(
-    args: PetraTrainingArguments,
-    model: nn.Module,
-    cls_and_kwargs: tuple[type, dict] | None = None,
-    choose: Callable = Trainer.get_optimizer_cls_and_kwargs,
-    decay_names: list[str] | None = None,
-) -> Callable[[int, nn.Module], torch.optim.Optimizer]:
-    """One optimizer per stage, chosen as `Trainer.create_optimizer` chooses the model's: `cls_and_kwargs` (Trainer's
-    `optimizer_cls_and_kwargs`) as given, else `choose(args, model)` (the trainer's `get_optimizer_cls_and_kwargs`)
-    at the learning rate per micro-batch; weight decay on the parameters `decay_names` names (the trainer's
-    `get_decay_parameter_names`; None: all), none on the others."""
-    if cls_and_kwargs is not None:
-        optimizer_cls, kwargs = cls_and_kwargs
-    else:
-        optimizer_cls, kwargs = choose(args, model)
-        kwargs = {**kwargs, "lr": args.micro_batch_learning_rate()}
-    named = set(decay_names) if decay_names is not None else None
-    decayed = {id(param) for name, param in model.named_parameters() if named is None or name in named}
+def stage_optimizer(trainer: Trainer) -> tuple[type, dict]:
+    """The class and keyword arguments of every stage's optimizer, chosen as `Trainer.create_optimizer` chooses the
+    model's: the trainer's `optimizer_cls_and_kwargs` as given (without "lr": the class's default rate), else its
+    `get_optimizer_cls_and_kwargs(args, model)` (a subclass's override included) at the learning rate per
+    micro-batch. The one choice the pipeline, the checkpoint's record and the model card read."""
+    if trainer.optimizer_cls_and_kwargs is not None:
+        optimizer_cls, kwargs = trainer.optimizer_cls_and_kwargs
+        return optimizer_cls, dict(kwargs or {})
+    optimizer_cls, kwargs = trainer.get_optimizer_cls_and_kwargs(trainer.args, trainer.model)
+    return optimizer_cls, {**kwargs, "lr": trainer.args.micro_batch_learning_rate()}
+
+
+def optimizer_factory(trainer: Trainer) -> Callable[[int, nn.Module], torch.optim.Optimizer]:
+    """One optimizer per stage (`stage_optimizer`), with weight decay on the parameters the trainer's
+    `get_decay_parameter_names` names, none on the others."""
+    optimizer_cls, kwargs = stage_optimizer(trainer)
+    named = set(trainer.get_decay_parameter_names(trainer.model))
+    decayed = {id(param) for name, param in trainer.model.named_parameters() if name in named}
 
     def make(index: int, stage: nn.Module) -> torch.optim.Optimizer:
-        trained = [param for param in stage.parameters() if param.requires_grad]
-        groups = [{"params": [p for p in trained if id(p) in decayed], "weight_decay": args.weight_decay},
-                  {"params": [p for p in trained if id(p) not in decayed], "weight_decay": 0.0}]
-        return optimizer_cls([group for group in groups if group["params"]], **kwargs)
+        groups = weight_decay_groups(stage, trainer.args.weight_decay, lambda param: id(param) in decayed)
+        return optimizer_cls(groups, **kwargs)
 
     return make
 

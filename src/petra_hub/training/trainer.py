@@ -24,6 +24,7 @@ from transformers.trainer_callback import ExportableState, TrainerState
 from transformers.trainer_utils import PredictionOutput, TrainOutput, speed_metrics
 
 from ..engine import Pipeline, group_sizes, merge_stages, replica_of
+from ..engine.optim import decayed_by_the_paper
 from .arguments import PetraTrainingArguments
 from .batches import check_all_labels, check_first_batch, data_seed, dataset_label, epoch_batches, make_loader
 from .batches import plan_steps, repeated_first_batch, split_batch
@@ -37,7 +38,7 @@ from .evaluation import eval_set_named, run_inference
 from .fidelity import GradientFidelityCallback
 from .guards import RunLock, check_finite, preflight
 from .losses import LossWindow, PendingLosses, collect, training_logs
-from .optimization import optimizer_factory, scheduler_factory
+from .optimization import optimizer_factory, scheduler_factory, stage_optimizer
 from .plug_ins import check_plug_ins, loss_function, with_step_labels
 from .rng_state import restore_rng_state
 from .sampler import EpochSampler
@@ -131,9 +132,7 @@ class PetraTrainer(Trainer):
             loss_function(self),
             mode=args.petra_mode,
             accumulation_steps=args.gradient_accumulation_steps if training else 1,
-            optimizer_factory=optimizer_factory(args, self.model, self.optimizer_cls_and_kwargs,
-                                                self.get_optimizer_cls_and_kwargs,
-                                                self.get_decay_parameter_names(self.model)) if training else None,
+            optimizer_factory=optimizer_factory(self) if training else None,
             scheduler_factory=schedules,
             partition=args.partition_sizes() if training or args.petra_partition != "auto" else None,
             profile_batch=self._profile_batch if training else None,
@@ -152,7 +151,7 @@ class PetraTrainer(Trainer):
         """The parameters weight decay applies to: those with more than one dimension (the paper's rule and timm's:
         none on biases nor on batch-norm and layer-norm weights; Trainer's own rule decays batch-norm weights).
         Override it as in Trainer."""
-        return [name for name, param in model.named_parameters() if param.dim() > 1]
+        return [name for name, param in model.named_parameters() if decayed_by_the_paper(param)]
 
     def _pipeline_for_inference(self) -> Pipeline:
         if self.pipeline is not None:
@@ -272,10 +271,9 @@ class PetraTrainer(Trainer):
                           group_sizes(self.stages), args.petra_data_parallel, self._optimizer_name())
 
     def _optimizer_name(self) -> str:
-        """The class of the stages' optimizers, as `_build_pipeline` chooses it (a checkpoint records it: another
-        class cannot load its optimizer states)."""
-        chosen = self.optimizer_cls_and_kwargs or self.get_optimizer_cls_and_kwargs(self.args, self.model)
-        return getattr(chosen[0], "__name__", type(chosen[0]).__name__)
+        """The class of the stages' optimizers (a checkpoint records it: another class cannot load their states)."""
+        optimizer_cls = stage_optimizer(self)[0]
+        return getattr(optimizer_cls, "__name__", type(optimizer_cls).__name__)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
         resume_from_checkpoint = checkpoint_to_resume(resume_from_checkpoint, self.args.output_dir, len(self.stages))
