@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import datetime
@@ -102,7 +103,16 @@ def init_distributed(timeout: float) -> bool:
     else:
         backend = "gloo"
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
+    atexit.register(release_process_group, dist.group.WORLD)
     return True
+
+
+def release_process_group(group: dist.ProcessGroup) -> None:
+    """Destroy the process group `init_distributed` created, if it is still the live one (registered to run at
+    exit). Left to the interpreter's teardown, gloo's worker threads can outlive Python and abort the process
+    (SIGABRT, "terminate called without an active exception") after a run that succeeded."""
+    if dist.is_initialized() and dist.group.WORLD is group:
+        dist.destroy_process_group()
 
 
 def world_size() -> int:
