@@ -49,6 +49,7 @@ from common import add_out_argument, build_model, cross_entropy, feed, make_pipe
 from common import parse_groups, random_batches, results_path, revnet_config, sgd, write_results  # noqa: E402
 from petra_hub.engine import Mode, Placement, StageCost, merge_stages, profile_stages, simulate  # noqa: E402
 from petra_hub.engine import simulate_schedule  # noqa: E402
+from petra_hub.engine.trace import EXCHANGE  # noqa: E402
 from rivals import SCHEDULES, NotApplicable, Rival, chunk_layout, chunk_owner, measure_fresh  # noqa: E402
 from rivals import pipeline_peak  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH, RECIPE_WIDTH  # noqa: E402
@@ -96,13 +97,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def link(rank: int, repeats: int = 20) -> tuple[float, float]:
-    """(latency s, bandwidth B/s) of the link as the engine uses it. Bandwidth: 4 MB over the median one-way time of
-    a ping-pong (an underestimate by the latency, small at this size). Latency: half the time per tick of a 2-stage
-    pipeline of near-empty stages (synchronous, so every tick is one header swap and one payload exchange, with the
-    engine's own Python around them), which is what the simulator charges per tick (2 x latency)."""
+def link(rank: int, repeats: int = 20) -> dict:
+    """The link as the engine uses it: "latency_s", "bandwidth_Bps", "duplex" (with the timings behind them).
+    Bandwidth: 4 MB over the median one-way time of a ping-pong (an underestimate by the latency, small at this
+    size). Duplex: whether a swap of 4 MB each way (both posted at once, as the engine posts a tick's payloads) takes
+    less than 1.5 one-way times; on loopback the CPUs copy every byte, so the two directions share them and a swap
+    costs about two sends. Latency: half the time per tick of a 2-stage pipeline of near-empty stages (synchronous,
+    so every tick is one header swap and one payload exchange, with the engine's own Python around them), which is
+    what the simulator charges per tick (2 x latency)."""
     message, reply = torch.randn(2**20), torch.empty(2**20)  # 4 MB
-    samples = []
+    one_way, swap = [], []
     for _ in range(repeats + 3):  # the first 3 warm the link up
         dist.barrier()
         start = time.perf_counter()
@@ -112,8 +116,13 @@ def link(rank: int, repeats: int = 20) -> tuple[float, float]:
         else:
             dist.recv(reply, 0)
             dist.send(message, 0)
-        samples.append((time.perf_counter() - start) / 2)
-    bandwidth = 4 * 2**20 / statistics.median(samples[3:])
+        one_way.append((time.perf_counter() - start) / 2)
+        dist.barrier()
+        start = time.perf_counter()
+        for work in (dist.irecv(reply, 1 - rank), dist.isend(message, 1 - rank)):
+            work.wait()
+        swap.append(time.perf_counter() - start)
+    one_way_s, swap_s = statistics.median(one_way[3:]), statistics.median(swap[3:])
     stages = [torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)]
     pipeline = make_pipeline(stages, "backprop", lr=LR, timeout=600)
     inputs, labels = torch.randn(2, 4), torch.tensor([0, 1])
@@ -124,7 +133,8 @@ def link(rank: int, repeats: int = 20) -> tuple[float, float]:
         start = time.perf_counter()
         feed(pipeline, [(inputs, labels)], repeats)
         samples.append((time.perf_counter() - start) / (repeats * pipeline.schedule.ticks_per_micro_batch))
-    return statistics.median(samples) / 2, bandwidth
+    return {"latency_s": statistics.median(samples) / 2, "bandwidth_Bps": 4 * 2**20 / one_way_s,
+            "duplex": swap_s < 1.5 * one_way_s, "one_way_4MB_s": one_way_s, "swap_4MB_s": swap_s}
 
 
 def profile_on_every_rank(stages, sample, mode: str, world_size: int, **options) -> list[StageCost]:
@@ -144,7 +154,8 @@ def job(rank, world_size, settings):
     torch.manual_seed(0)
     batches = random_batches(4, settings.batch, 32)
     config = revnet_config("revnet18", width=settings.width, num_labels=10)
-    latency, bandwidth = link(rank)
+    measured_link = link(rank)
+    latency, bandwidth, duplex = (measured_link[key] for key in ("latency_s", "bandwidth_Bps", "duplex"))
     rows, auto = [], {}
 
     def stages(groups):
@@ -162,22 +173,46 @@ def job(rank, world_size, settings):
                 chosen = Placement.auto(costs, world_size, link_bandwidth=bandwidth, latency=2 * latency)
                 auto[mode] = [len(group) for group in chosen.groups]
             pipeline = make_pipeline(stages(groups), mode, lr=LR, partition=partition, timeout=600,
-                                     keep_graphs=kept)
+                                     keep_graphs=kept, trace=True)
             peak = pipeline_peak(pipeline, batches)
             feed(pipeline, batches, pipeline.schedule.latency if pipeline.mode.pipelined else 2)
+            timed = (time.perf_counter(), None)
             windows = slowest_rank_windows(lambda: feed(pipeline, batches, settings.micro_batches),
                                            settings.micro_batches, world_size)
+            timed = (timed[0], time.perf_counter())
             pipeline.drain()
-            predicted, overlapped = (simulate(mode, costs, Placement.from_sizes(partition), link_bandwidth=bandwidth,
-                                              latency=latency, overlap_transfers=overlap) for overlap in (False, True))
+            inside = [e for e in pipeline.trace_events() if timed[0] <= e.start < timed[1]]
+            split = time_split(inside, 3 * settings.micro_batches, world_size)
+            predicted, overlapped, full_duplex, from_run = (
+                simulate(mode, stage_costs, Placement.from_sizes(partition), link_bandwidth=bandwidth,
+                         latency=latency, overlap_transfers=overlap, duplex=two_ways)
+                for stage_costs, overlap, two_ways in ((costs, False, duplex), (costs, True, duplex),
+                                                       (costs, False, True), (as_run(costs, inside), False, duplex)))
             row = compared(mode, partition, groups, windows, peak, predicted, costs, world_size)
-            rows.append(row | {"kept": kept, "predicted_overlapped_s": overlapped.time_per_micro_batch,
-                               "error_overlapped": overlapped.time_per_micro_batch / row["measured_s"] - 1})
+            profiled_ops = [sum(costs[i].compute_s for i in group) for group in Placement.from_sizes(partition).groups]
+            rows.append(row | split | {
+                "kept": kept, "predicted_overlapped_s": overlapped.time_per_micro_batch,
+                "error_overlapped": overlapped.time_per_micro_batch / row["measured_s"] - 1,
+                "predicted_full_duplex_s": full_duplex.time_per_micro_batch,
+                "error_full_duplex": full_duplex.time_per_micro_batch / row["measured_s"] - 1,
+                "predicted_from_run_s": from_run.time_per_micro_batch,
+                "error_from_run": from_run.time_per_micro_batch / row["measured_s"] - 1,
+                "profiled_operations_s": profiled_ops})
             if rank == 0:
                 progress(f"{mode:20s} {groups or ''} {partition}: {summary(rows[-1])}")
     if settings.rival_microbatches:
         rows += rival_rows(rank, world_size, settings, stages, batches, latency, bandwidth)
-    return {"latency_s": latency, "bandwidth_Bps": bandwidth, "rows": rows, "auto_partition": auto}
+    return measured_link | {"rows": rows, "auto_partition": auto}
+
+
+def time_split(inside, micro_batches: int, world_size: int) -> dict:
+    """Where each rank's time went in the timed windows (the trace events `inside` them), per micro-batch: in the
+    stages' operations and in exchanges with its neighbours (the rest is the engine's own time and the timing's
+    barriers)."""
+    return {f"measured_{name}_s": [sum(e.end - e.start for e in inside if e.rank == rank and chosen(e))
+                                   / micro_batches for rank in range(world_size)]
+            for name, chosen in (("operations", lambda e: e.stage != EXCHANGE),
+                                 ("exchange", lambda e: e.stage == EXCHANGE))}
 
 
 def slowest_rank_windows(work, micro_batches: int, world_size: int, count: int = 3) -> list[float]:
@@ -220,6 +255,18 @@ def without_parameters(predicted, costs, partition, owners=None) -> list[int]:
     return [peak - sum(costs[i].parameter_bytes for group, owner in zip(groups, owners) if owner == rank for i in group)
             for rank, peak in enumerate(predicted.peak_memory)]
 
+
+
+def as_run(costs: list[StageCost], inside) -> list[StageCost]:
+    """The profile with each operation's time replaced by its mean in the run (the trace events `inside` the timed
+    windows): what the simulator predicts when its only inputs of its own are the schedule and the link."""
+    def mean(stage: int, kinds: tuple[str, ...], profiled: float) -> float:
+        times = [e.end - e.start for e in inside if e.stage == stage and e.kind in kinds]
+        return statistics.fmean(times) if times else profiled
+
+    return [replace(cost, forward_s=mean(i, ("forward",), cost.forward_s),
+                    backward_s=mean(i, ("backward", "forward+backward"), cost.backward_s),
+                    update_s=mean(i, ("update",), cost.update_s)) for i, cost in enumerate(costs)]
 
 CHECKPOINTING = {"none": None, "all": "torch", "but_last": "torch_but_last"}  # simulate_1f1b's name -> rivals.py's
 
@@ -280,7 +327,8 @@ def main(argv=None) -> dict:
              f"{' '.join(settings.modes)}, (groups, stages per rank) {settings.settings}")
     result = launch(job, 2, settings, env=STABLE_MALLOC_ENV)[0]
     errors = [abs(row["error"]) for row in result["rows"]]
-    progress(f"link: latency {1e6 * result['latency_s']:.0f} us, bandwidth {result['bandwidth_Bps'] / 1e9:.2f} GB/s; "
+    progress(f"link: latency {1e6 * result['latency_s']:.0f} us, bandwidth {result['bandwidth_Bps'] / 1e9:.2f} GB/s, "
+             f"{'full' if result['duplex'] else 'half'} duplex; "
              f"|error| median {100 * statistics.median(errors):.1f}%, max {100 * max(errors):.1f}%")
     out = results_path(settings.out, "simulator", settings.quick)
     return write_results(out, "simulator", "simulator.py", argv, {k: str(v) for k, v in vars(settings).items()},

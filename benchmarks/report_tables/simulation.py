@@ -18,12 +18,19 @@ def split_label(row: dict) -> str:
 
 @renders("simulator", "main")
 def simulator_main(r, arg=None):
-    """Measured against predicted time per micro-batch, per mode and partition, with the automatic partition."""
-    overlapped = all("error_overlapped" in row for row in need(r, "rows"))  # torch's schedules, newer runs
+    """Measured against predicted time per micro-batch, per mode and partition, with the automatic partition; for
+    runs that traced their windows, how much slower the operations ran than profiled, and the prediction from the
+    run's own operation times (which leaves the simulator only the schedule and the link to get right)."""
+    traced = all("error_from_run" in row for row in need(r, "rows"))  # newer runs
+    overlapped = not traced and all("error_overlapped" in row for row in r["rows"])  # torch's schedules' runs
 
     def spread(key: str) -> str:
         errors = sorted(abs(row[key]) for row in r["rows"])
         return f"median {100 * statistics.median(errors):.1f}%, max {100 * errors[-1]:.1f}%"
+
+    def operations(row: dict) -> str:
+        return " / ".join(f"{run / profiled:.2f}"
+                          for run, profiled in zip(row["measured_operations_s"], row["profiled_operations_s"]))
 
     rows = []
     for row in r["rows"]:
@@ -32,11 +39,15 @@ def simulator_main(r, arg=None):
         rows.append([mode, split_label(row), ms(row["measured_s"]), ms(row["predicted_s"]),
                      f"{100 * row['error']:+.1f}%"]
                     + ([f"{100 * row['error_overlapped']:+.1f}%"] if overlapped else [])
+                    + ([operations(row), f"{100 * row['error_from_run']:+.1f}%"] if traced else [])
                     + ["yes" if auto == row["partition"] else ""])  # fmt: skip
-    rows.append(["**all**", "", "", "", spread("error")] + ([spread("error_overlapped")] if overlapped else []) + [""])
+    rows.append(["**all**", "", "", "", spread("error")] + ([spread("error_overlapped")] if overlapped else [])
+                + (["", spread("error_from_run")] if traced else []) + [""])
     header = ["mode", "stages per rank", "measured ms / micro-batch", "predicted ms", "error"]
     header += ["error if transfers overlapped compute"] if overlapped else []
-    return table(header + ["Placement.auto's choice"], rows, "llrrr" + ("r" if overlapped else "") + "l")
+    header += ["operations' time, run / profile (rank 0 / 1)", "error from the run's operation times"] if traced else []
+    return table(header + ["Placement.auto's choice"], rows,
+                 "llrrr" + ("r" if overlapped else "") + ("rr" if traced else "") + "l")
 
 
 @renders("simulator", "memory")

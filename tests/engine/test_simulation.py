@@ -59,6 +59,22 @@ def test_payloads_move_once_both_ranks_of_a_link_are_done_so_the_slower_rank_pay
     assert synchronous.time_per_micro_batch == pytest.approx(30.0 + 2 * (2 * 0.25 + 2.0))
 
 
+
+def test_a_half_duplex_link_carries_the_two_directions_one_after_the_other():
+    costs = [StageCost(1.0, 2.0, 0.0, 3000, 1000, 100) for _ in range(9)] + [StageCost(0.0, 3.0, 0.0, 0, 1000, 100)]
+    link = {"link_bandwidth": 1000.0, "latency": 0.25, "micro_batches": 40}
+    full = simulate("petra", costs, Placement.from_sizes([5, 5]), **link)
+    half = simulate("petra", costs, Placement.from_sizes([5, 5]), duplex=False, **link)
+    # each tick, after the headers, 3000 B go right and 1000 B left: at once, the larger direction; one after the
+    # other, each payload with its latency
+    assert full.time_per_micro_batch == pytest.approx(15.0 + 2 * 0.25 + 3.0)
+    assert half.time_per_micro_batch == pytest.approx(15.0 + 3 * 0.25 + 4.0)
+    # naive model parallelism sends one way per tick: the same on both links
+    synchronous = [simulate("backprop", costs, Placement.from_sizes([5, 5]), duplex=duplex,
+                            **link | {"micro_batches": 8}) for duplex in (True, False)]
+    assert synchronous[0].time_per_micro_batch == synchronous[1].time_per_micro_batch
+
+
 def test_the_engines_own_time_is_spent_by_every_stage_every_tick():
     costs = [StageCost(c.forward_s, c.backward_s, c.update_s, c.forward_bytes, c.backward_bytes, c.held_bytes, 0.1)
              for c in uniform()]

@@ -11,7 +11,9 @@ tick t + 1 when, for each neighbour n,
     headers only:                 n's end of tick t + transfer (the header n posted at its start is there already)
 
 have passed, and not before its own end of tick t; a transfer takes 2 x `latency` (the header, then the payload)
-+ bytes / `link_bandwidth`, the bytes of the larger direction (a link carries both ways at once). Every stage also
++ bytes / `link_bandwidth`. Where payloads go both ways, a full-duplex link (NVLink, PCIe, a network) carries them at
+once: the larger direction's bytes; a half-duplex one (`duplex=False`: processes of one machine on loopback, whose
+CPUs copy every byte) one after the other, each with its latency: 3 latencies and the bytes of both. Every stage also
 spends its measured share of the engine's own time (`StageCost.overhead_s`) in every tick. It returns the time per
 micro-batch in steady state, each rank's utilisation, the bubble fraction, each rank's peak memory (the sum of its
 stages' measured `held_bytes`, held between operations, plus the largest `graph_bytes` among them: the graph an
@@ -47,11 +49,13 @@ def simulate(
     accumulation_steps: int = 1,
     micro_batches: int | None = None,
     overlap_transfers: bool = False,
+    duplex: bool = True,
 ) -> Simulation:
     """Simulate `micro_batches` (default 4J) micro-batches of `mode` on `placement`, stages costing `costs` (from
     `profile_stages` in the same mode); `link_bandwidth` in bytes/s (None: free transfers). `overlap_transfers`:
     each payload leaves when its sender is done, whatever the receiver is doing (the first version's model, kept
-    to compare with; the engine posts a tick's payloads only once its work is done)."""
+    to compare with; the engine posts a tick's payloads only once its work is done). `duplex`: whether the two
+    directions of a link move at once (see above)."""
     mode = Mode.parse(mode)
     count = len(costs)
     if placement.num_stages != count:
@@ -63,6 +67,11 @@ def simulate(
 
     def transfer(size: int) -> float:
         return 2 * latency + (size / link_bandwidth if size and link_bandwidth else 0.0)
+
+    def swap(right: int, left: int) -> float:  # payloads both ways on one link (either may be empty)
+        if duplex or not (right and left):
+            return transfer(max(right, left))
+        return transfer(right) + transfer(left) - latency  # one header, then one payload after the other
 
     ready = [0.0] * ranks
     busy = [0.0] * ranks
@@ -103,7 +112,7 @@ def simulate(
             right = left + 1
             if (sent_right[left] or sent_left[right]) and not overlap_transfers:
                 # the payloads move once both ranks have posted theirs
-                both = max(ends[left], ends[right]) + transfer(max(sent_right[left], sent_left[right]))
+                both = max(ends[left], ends[right]) + swap(sent_right[left], sent_left[right])
                 arrivals = ((left, both), (right, both))
             else:  # headers only (or overlapped transfers): each rank waits for what its neighbour sent at its end
                 arrivals = ((left, ends[right] + transfer(sent_left[right])),
