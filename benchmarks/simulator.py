@@ -10,10 +10,12 @@
 
 In a gloo group of 2 processes (one thread each): both ranks measure the stages of every mode with `profile_stages`
 at the same time (medians of 5 timings after the pipeline has filled, averaged over the ranks, so that the timings
-see the machine as busy as during the run), both ranks measure the link (bandwidth by a ping-pong, the per-tick
-exchange cost on a pipeline of near-empty stages), and then, for every mode and partition, train for a warm-up and
-time 3 windows of micro-batches (the slower rank's wall time per micro-batch, median over the windows). `simulate`
-predicts the same from the profile and the link; the JSON holds both and the relative error. With
+see the machine as busy as during the run), both ranks measure the link (bandwidth by a ping-pong, whether its two
+directions share it by a swap, the per-tick exchange cost on a pipeline of near-empty stages), and then, for every
+mode and partition, train for a warm-up and time 3 windows of micro-batches (the slower rank's wall time per
+micro-batch, median over the windows), traced. `simulate` predicts the same from the profile and the link; the JSON
+holds both, the relative error, each rank's time in operations and in exchanges during the windows, and the
+prediction from the operations' mean times in the run instead of the profile's. With
 `--rival-microbatches`, torch's `Schedule1F1B` (one chunk per rank, on each partition, without checkpointing,
 checkpointed, and checkpointed on every chunk but the last) is measured the same way at each n_microbatches m and
 predicted by `simulate_schedule` from the stages profiled under the engine's `backprop` mode (the ranks paying for

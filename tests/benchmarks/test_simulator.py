@@ -9,7 +9,7 @@ from pathlib import Path
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def test_quick_run_writes_predictions_beside_measurements(tmp_path):
+def test_quick_run_writes_predictions_beside_measurements(tmp_path, report):
     out = tmp_path / "simulator.json"
     subprocess.run([sys.executable, str(BENCHMARKS / "simulator.py"), "--quick", "--out", str(out)], check=True,
                    capture_output=True, timeout=300)
@@ -18,7 +18,16 @@ def test_quick_run_writes_predictions_beside_measurements(tmp_path):
     for row in result["rows"]:
         assert row["measured_s"] > 0 and row["predicted_s"] > 0 and len(row["windows_s"]) == 3
         assert row["error"] == row["predicted_s"] / row["measured_s"] - 1
+        # the traced windows: each rank's operations and exchanges per micro-batch, beside the profile's operations
+        for key in ("measured_operations_s", "measured_exchange_s", "profiled_operations_s"):
+            assert len(row[key]) == 2 and all(value > 0 for value in row[key]), key
+        assert all(ops + exchange <= sum(row["windows_s"]) / 3 * 1.001 for ops, exchange in  # inside the windows
+                   zip(row["measured_operations_s"], row["measured_exchange_s"]))
+        assert row["error_from_run"] == row["predicted_from_run_s"] / row["measured_s"] - 1
     assert result["bandwidth_Bps"] > 0 and result["latency_s"] >= 0
+    assert result["duplex"] == (result["swap_4MB_s"] < 1.5 * result["one_way_4MB_s"])
+    assert "| petra | 5,5 |" in report.render("simulator/main", tmp_path)
+    assert "error from the run's operation times" in report.render("simulator/main", tmp_path)
     assert set(result["auto_partition"]) == {"petra", "backprop"} and all(
         sum(sizes) == 10 for sizes in result["auto_partition"].values())
 
