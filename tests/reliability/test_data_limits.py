@@ -11,6 +11,7 @@ import contextlib
 import io
 import os
 import pickle
+import pickletools
 import subprocess
 import sys
 import tarfile
@@ -22,6 +23,7 @@ import numpy as np
 import pytest
 
 from petra_hub.data import DATASET_SPECS, load_image_dataset
+from petra_hub.data.sources.safe_io import unpickle
 from petra_hub.testing.data_files import py2_pickle, random_rows, write_cifar10, write_file, write_imagenet32
 
 MB = 1 << 20
@@ -242,7 +244,7 @@ def test_object_arrays_are_refused(tmp_path):
     # an object array whose list is as long as its shape: today it reaches the readers
     labels = np.array([1, 0, 9], dtype=object)
     data_dir = _cifar10_dir(tmp_path, pickle.dumps({"data": np.zeros((3, 3072), np.uint8), "labels": labels}, 2))
-    with pytest.raises(ValueError, match="test_batch: not a readable pickle.*object dtypes are not allowed"):
+    with pytest.raises(ValueError, match="test_batch: not a readable pickle.*only boolean, integer and float dtypes"):
         load_image_dataset("cifar10", "test", data_dir=data_dir)
 
 
@@ -261,7 +263,7 @@ def test_object_array_state_longer_than_its_list_cannot_crash_the_interpreter(tm
             "    print(exc)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
-    assert "object dtypes are not allowed" in proc.stdout, proc.stdout
+    assert "only boolean, integer and float dtypes are allowed" in proc.stdout, proc.stdout
 
 
 def _npz_with_header(path, shape: tuple[int, ...]) -> None:
@@ -311,3 +313,53 @@ def test_documented_caps():
 
     assert (ROW_BUDGET, HEADROOM_BYTES) == (4096, MB)
     assert max_file_bytes(10_000) == CIFAR10_FILE_CAP
+
+
+def _pickled_scalar(code: bytes, flags: int) -> bytes:
+    """{"data": scalar(dtype(code) after a BUILD with `flags`, 8 bytes of 0x41)}: numpy's dtype.__setstate__ sets
+    the flags (0x21 includes the object flag), and scalar() then reads the 8 bytes as a pointer: a crash."""
+    dtype = _global("numpy", "dtype") + b"X" + len(code).to_bytes(4, "little") + code + b"\x89\x88\x87R"
+    state = b"(K\x03X\x01\x00\x00\x00|NNNK\x08K\x01K" + bytes([flags]) + b"tb"
+    return (b"\x80\x02}X\x04\x00\x00\x00data" + _global("numpy.core.multiarray", "scalar") + dtype + state
+            + b"C\x08" + b"A" * 8 + b"\x86Rs.")
+
+
+@pytest.mark.parametrize("code", [b"V8", b"i8"])
+def test_a_dtype_given_object_flags_by_the_pickle_cannot_crash_the_interpreter(tmp_path, code):
+    write_file(str(tmp_path / "batch"), _pickled_scalar(code, 0x21))
+    script = ("from petra_hub.data.sources.safe_io import unpickle\n"
+              "try:\n"
+              f"    unpickle(open({str(tmp_path / 'batch')!r}, 'rb').read(), 'batch')\n"
+              "except ValueError as exc:\n"
+              "    print(exc)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])  # was -11 (SIGSEGV)
+    assert "batch: not a readable pickle" in proc.stdout
+    assert ("only boolean, integer and float dtypes" if code == b"V8" else "not the state of a plain dtype") \
+        in proc.stdout, proc.stdout
+
+
+class _FromBuffer:
+    """Pickles as numpy's protocol-5 `_frombuffer(raw, dtype, shape, order)`."""
+
+    def __init__(self, *args):
+        self.args = args
+
+    def __reduce__(self):
+        from numpy._core.numeric import _frombuffer
+
+        return _frombuffer, self.args
+
+
+def test_a_dtype_changed_by_the_pickle_after_an_array_used_it_is_refused():
+    shared = np.dtype("i8", False, True)  # not numpy's singleton: a BUILD on it would change it in place
+    body = {"data": _FromBuffer(bytes(3072), np.dtype("u1"), (1, 3072), "C"),
+            "labels": _FromBuffer(b"A" * 8, shared, (1,), "C"), "again": shared}
+    raw = pickle.dumps(body, protocol=2)
+    ops = list(pickletools.genops(raw))
+    last_get = [i for i, (op, _, _) in enumerate(ops) if op.name in ("BINGET", "LONG_BINGET")][-1]
+    end = ops[last_get + 1][2]  # after the memo fetch of the dtype the labels used: BUILD it with the object flag
+    state = pickle.dumps((3, "<", None, None, None, -1, -1, 0x01), protocol=2)[2:-1]
+    with pytest.raises(ValueError, match="not the state of a plain dtype"):
+        unpickle(raw[:end] + state + b"b" + raw[end:], "batch")
+    assert unpickle(raw, "batch")["labels"].dtype == np.dtype("i8")  # untouched, it loads

@@ -26,15 +26,21 @@
 ``unpickle(raw, where)``           a pickled dict through a restricted unpickler: the
                                    only globals are those numpy arrays pickle with
                                    (``_reconstruct`` of an *empty* array, ``ndarray``
-                                   only as its argument, ``dtype`` of plain non-object
-                                   types, ``scalar``, ``_frombuffer``),
+                                   only as its argument, ``dtype`` of booleans, integers
+                                   and floats, ``scalar``, ``_frombuffer``),
                                    ``_codecs.encode`` with Latin-1 (how Python 3 pickles
                                    bytes at protocol 2) and ``copyreg._reconstructor`` /
                                    ``object`` for plain objects.  No global can allocate
                                    more than the pickle holds: an array's state is
                                    checked (bytes = shape x item size) and viewed with
                                    ``np.frombuffer``, never passed to numpy's
-                                   ``__setstate__``.
+                                   ``__setstate__``.  No numpy object the pickle can
+                                   reach is ever numpy's own: a dtype is a description
+                                   (its state checked as plain), made into a fresh
+                                   dtype where an array or scalar is built, because
+                                   numpy's ``dtype.__setstate__`` sets whatever flags a
+                                   pickle names (object included: a crash, or a pointer
+                                   read from the file).
 
 Errors are ``ValueError`` naming the file and what was expected.
 """
@@ -228,12 +234,58 @@ class _NdarrayName:
         raise pickle.UnpicklingError("numpy.ndarray may only be used to rebuild a pickled array")
 
 
+class _PickledDtype:
+    """``numpy.dtype(code, align, copy)`` in a pickle: the description of a plain dtype, not a
+    numpy dtype.  numpy's ``dtype.__setstate__`` (the pickle's BUILD) sets any flags, byte
+    order or item size the state names on a dtype it has made, the object flag included; so
+    the pickle only ever reaches this description, whose ``__setstate__`` accepts numpy's
+    state of a plain type and nothing else, and :meth:`make` builds a fresh dtype from it
+    each time an array or scalar needs one (a later BUILD cannot change one in use)."""
+
+    __slots__ = ("code", "byteorder")
+
+    def __init__(self, code, align=False, copy=False):
+        if isinstance(code, bytes):
+            code = code.decode("latin1")
+        if not isinstance(code, str) or _plain(np.dtype(code)) is None:
+            raise pickle.UnpicklingError(f"only boolean, integer and float dtypes are allowed, got {code!r}")
+        self.code, self.byteorder = code, None
+
+    def __setstate__(self, state):
+        # numpy's state of a plain type: (version, byte order, subarray, names, fields, item size, alignment,
+        # flags[, metadata]), with -1 for the sizes of a built-in type and no flags
+        if not isinstance(state, tuple) or len(state) not in (8, 9) or state[0] not in (3, 4) \
+                or state[1] not in ("<", ">", "|", "=") or state[2:5] != (None, None, None) \
+                or state[5:8] != (-1, -1, 0) or (len(state) == 9 and state[8] is not None):
+            raise pickle.UnpicklingError(f"not the state of a plain dtype: {state!r}")
+        self.byteorder = state[1]
+
+    def make(self) -> np.dtype:
+        dtype = np.dtype(self.code)
+        if self.byteorder in ("<", ">"):
+            dtype = dtype.newbyteorder(self.byteorder)
+        return dtype
+
+
+def _plain(dtype: np.dtype) -> np.dtype | None:
+    """``dtype`` if it is a boolean, integer or float type (what data files hold), else None."""
+    return dtype if dtype.kind in "biuf" and not dtype.hasobject and dtype.fields is None else None
+
+
+def _made(dtype) -> np.dtype:
+    """The fresh numpy dtype of a pickled dtype description."""
+    if not isinstance(dtype, _PickledDtype):
+        raise pickle.UnpicklingError(f"expected a pickled numpy dtype, got {type(dtype).__name__}")
+    return dtype.make()
+
+
 class _PickledArray:
-    """What ``_reconstruct`` gives: its ``__setstate__`` checks numpy's array state (shape,
-    dtype, Fortran order, raw bytes) and views the bytes with ``np.frombuffer``.  numpy's
-    own ``ndarray.__setstate__`` is never run: it allocates whatever shape the state names
-    and, for an object dtype, reads past a short list (a crash).  :func:`unpickle` replaces
-    each top-level one by its ``array`` (read-only, backed by the pickled bytes)."""
+    """What ``_reconstruct`` and ``_frombuffer`` give: its ``__setstate__`` checks numpy's
+    array state (shape, dtype, Fortran order, raw bytes) and views the bytes with
+    ``np.frombuffer``.  numpy's own ``ndarray.__setstate__`` is never run: it allocates
+    whatever shape the state names and, for an object dtype, reads past a short list (a
+    crash).  :func:`unpickle` replaces each top-level one by its ``array`` (read-only,
+    backed by the pickled bytes)."""
 
     __slots__ = ("array",)
 
@@ -241,19 +293,41 @@ class _PickledArray:
         if not isinstance(state, tuple) or len(state) not in (4, 5):
             raise pickle.UnpicklingError("not a numpy array state")
         shape, dtype, fortran, raw = state[-4:]
-        if not isinstance(dtype, np.dtype) or dtype.hasobject:
-            raise pickle.UnpicklingError("only arrays of plain (non-object) dtypes are allowed")
-        if not isinstance(shape, tuple) or not all(type(s) is int and s >= 0 for s in shape):
-            raise pickle.UnpicklingError(f"bad array shape {shape!r}")
-        if isinstance(raw, str):  # Python-2 pickles: bytes read as Latin-1 text
-            raw = raw.encode("latin1")
-        if not isinstance(raw, (bytes, bytearray)):
-            raise pickle.UnpicklingError(f"array data must be bytes, got {type(raw).__name__}")
-        if len(raw) != math.prod(shape) * dtype.itemsize:
-            raise pickle.UnpicklingError(f"array data of {len(raw):,} bytes does not match "
-                                         f"shape {shape} of {dtype}")
-        flat = np.frombuffer(raw, dtype=dtype) if raw else np.zeros(0, dtype)
-        self.array = flat.reshape(shape, order="F" if fortran else "C")
+        self.array = _array(raw, _made(dtype), shape, "F" if fortran else "C")
+
+
+def _array(raw, dtype: np.dtype, shape, order: str) -> np.ndarray:
+    """``raw`` viewed as an array of `shape` and `dtype`, if it holds exactly that many bytes."""
+    if not isinstance(shape, tuple) or not all(type(s) is int and s >= 0 for s in shape):
+        raise pickle.UnpicklingError(f"bad array shape {shape!r}")
+    if isinstance(raw, str):  # Python-2 pickles: bytes read as Latin-1 text
+        raw = raw.encode("latin1")
+    if not isinstance(raw, (bytes, bytearray)):
+        raise pickle.UnpicklingError(f"array data must be bytes, got {type(raw).__name__}")
+    if len(raw) != math.prod(shape) * dtype.itemsize:
+        raise pickle.UnpicklingError(f"array data of {len(raw):,} bytes does not match shape {shape} of {dtype}")
+    flat = np.frombuffer(raw, dtype=dtype) if raw else np.zeros(0, dtype)
+    return flat.reshape(shape, order=order)
+
+
+def _from_buffer(raw, dtype, shape, order="C"):
+    """numpy's ``_frombuffer`` (protocol 5): a checked view of the pickled bytes, wrapped as a
+    ``_PickledArray`` so that a BUILD on it reaches the checked ``__setstate__``, never numpy's."""
+    if order not in ("C", "F"):
+        raise pickle.UnpicklingError(f"bad array order {order!r}")
+    array = _PickledArray()
+    array.array = _array(raw, _made(dtype), shape, order)
+    return array
+
+
+def _scalar(dtype, raw=b""):
+    """numpy's ``scalar``: a plain dtype's value from exactly its bytes, as a Python number."""
+    dtype = _made(dtype)
+    if isinstance(raw, str):
+        raw = raw.encode("latin1")
+    if not isinstance(raw, bytes) or len(raw) != dtype.itemsize:
+        raise pickle.UnpicklingError(f"a {dtype} scalar needs {dtype.itemsize} bytes")
+    return np.frombuffer(raw, dtype=dtype)[0].item()
 
 
 def _reconstruct(subtype, shape, dtype):
@@ -265,14 +339,6 @@ def _reconstruct(subtype, shape, dtype):
         raise pickle.UnpicklingError(f"_reconstruct of a non-empty shape {shape!r} is not allowed "
                                      "(numpy pickles an empty placeholder, then the data)")
     return _PickledArray()
-
-
-def _dtype(*args):
-    """``numpy.dtype``, for plain (non-object) dtypes only."""
-    dtype = np.dtype(*args)
-    if dtype.hasobject:
-        raise pickle.UnpicklingError("object dtypes are not allowed")
-    return dtype
 
 
 def _encode(text, encoding="utf-8", errors="strict"):
@@ -295,15 +361,12 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
     @staticmethod
     def _allowed():
-        from numpy._core.multiarray import scalar
-        from numpy._core.numeric import _frombuffer
-
         return {
             ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
-            ("numpy._core.multiarray", "scalar"): scalar,  # checks the bytes fill the dtype
-            ("numpy._core.numeric", "_frombuffer"): _frombuffer,  # a view of pickled bytes, no objects
+            ("numpy._core.multiarray", "scalar"): _scalar,
+            ("numpy._core.numeric", "_frombuffer"): _from_buffer,
             ("numpy", "ndarray"): _NdarrayName,
-            ("numpy", "dtype"): _dtype,
+            ("numpy", "dtype"): _PickledDtype,
             ("_codecs", "encode"): _encode,
             ("copyreg", "_reconstructor"): _reconstructor,
             ("builtins", "object"): object,
