@@ -274,7 +274,7 @@ def test_train_eval_predict_write_the_metrics_files_and_resume_last(tmp_path):
     combined = results(out, "all")
     assert {"train_loss", "eval_accuracy", "predict_accuracy"} <= set(combined)
     assert len((out / "predict_results.txt").read_text().splitlines()) == 1 + 360  # header + the digits test split
-    assert "first 32 of the 360 images of test" in (out / "README.md").read_text()  # not the whole split
+    assert "32 of the 360 images of test" in (out / "README.md").read_text()  # not the whole split
 
     resumed, _ = recipe.run([*argv, "--max_steps", "6", "--resume_from_checkpoint", "last", "--do_predict", "false"])
     assert resumed.state.global_step == 6 and (out / "checkpoint-6").is_dir()
@@ -306,7 +306,7 @@ def test_the_card_names_the_part_of_a_datasets_split_that_was_evaluated(tmp_path
     cut = load_data(DataArguments(dataset_name=folder, max_eval_samples=10), seed=0, splits={"eval"})
     split = whole.card_arguments["eval_split"]
     assert len(whole.eval) == 24 and split in ("test", "validation")
-    assert len(cut.eval) == 10 and cut.card_arguments["eval_split"] == f"first 10 of the 24 images of {split}"
+    assert len(cut.eval) == 10 and cut.card_arguments["eval_split"] == f"10 of the 24 images of {split}"
 
 
 @pytest.mark.parametrize("labels", [[0.0, 1.9, 2.7, 0.5, 1.0, 2.0], [0, 1, -1, 2, 1, 0]])
@@ -468,3 +468,32 @@ def test_evaluating_each_epoch_changes_petra_training_only(tmp_path, mode, chang
         weights.append({name: value.clone() for name, value in trainer.model.state_dict().items()})
     differ = [name for name in weights[0] if not torch.equal(weights[0][name], weights[1][name])]
     assert bool(differ) == changes, differ
+
+
+def test_max_samples_draw_from_every_class_of_a_folder_sorted_by_class(tmp_path):
+    """--max_*_samples kept the first items: on a folder of class folders, all of class 0 (the model never saw the
+    other classes, and the evaluation measured one class)."""
+    from petra_hub.testing.data_files import solid_image
+    from petra_hub.training.recipe_data import DataArguments, load_data
+
+    for split in ("train", "val"):
+        for name in ("ant", "bee", "cat"):
+            for i in range(4):
+                solid_image(str(tmp_path / split / name / f"{i}.png"), (10 * i, 20, 30), (8, 8))
+    args = DataArguments(dataset="imagenet", data_dir=str(tmp_path), max_train_samples=4, max_eval_samples=3)
+    data = load_data(args, seed=0, splits={"train", "eval"})
+    assert len(data.train) == 4 and len(data.eval) == 3
+    assert len(set(data.train.labels.tolist())) > 1 and len(set(data.eval.labels.tolist())) > 1
+    assert [data.train[i]["labels"] for i in range(4)] == data.train.labels.tolist()
+    again = load_data(args, seed=0, splits={"train"})
+    assert data.train.indices == again.train.indices != load_data(args, seed=1, splits={"train"}).train.indices
+    assert data.card_arguments["eval_split"] == "3 of the 12 images of test"
+
+
+@pytest.mark.parametrize("flag, value", [("max_train_samples", 0), ("max_eval_samples", -3),
+                                         ("max_predict_samples", 2.5), ("image_size", -8), ("image_size", 0)])
+def test_sample_counts_and_image_size_must_be_positive_whole_numbers(flag, value):
+    from petra_hub.training.recipe_data import DataArguments
+
+    with pytest.raises(ValueError, match=rf"--{flag} must be a positive whole number .*got {value}"):
+        DataArguments(dataset_name="x", **{flag: value})

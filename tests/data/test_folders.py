@@ -127,3 +127,20 @@ def test_a_folder_in_two_classes_is_refused(tmp_path):
     link = root / "train" / "kitten"
     with _deadline(20), pytest.raises(ValueError, match=rf"{re.escape(str(link))}.* classes 'dog' and 'kitten'"):
         scan_split_folder(str(root / "train"), {"cat": 0, "dog": 1, "kitten": 2})
+
+
+def test_hidden_folders_are_no_class_and_an_empty_class_folder_is_refused(tmp_path):
+    # .ipynb_checkpoints/ was class 0: every real class shifted by one and the model got an output never trained
+    root = tmp_path / "hidden"
+    _tree(root, [f"{s}/{c}/1.png" for s in ("train", "val") for c in ("cat", "dog")])
+    (root / "train" / ".ipynb_checkpoints").mkdir()
+    (root / "val" / ".git").mkdir()
+    train = load_image_dataset("imagenet", "train", data_dir=str(root))
+    assert train.info.label_names == ("cat", "dog") and train.labels.tolist() == [0, 1]
+    assert load_image_dataset("imagenet", "test", data_dir=str(root)).labels.tolist() == [0, 1]
+    (root / "train" / "emu").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"train: class folders \['emu'\] hold no images"):
+        load_image_dataset("imagenet", "train", data_dir=str(root))
+    (root / "val" / "emu").mkdir()  # an evaluation folder may lack a class's images
+    (root / "train" / "emu" / "1.png").write_bytes((root / "train" / "cat" / "1.png").read_bytes())
+    assert load_image_dataset("imagenet", "test", data_dir=str(root)).labels.tolist() == [0, 1]

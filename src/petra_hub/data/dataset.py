@@ -16,7 +16,7 @@ import random
 from typing import Any, Callable, Sequence
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Subset
 
 from .registry import DatasetInfo, dataset_spec
 from .sources import check_label_range
@@ -114,12 +114,42 @@ class _Head(Dataset):
 
 
 def take(dataset: Dataset, count: int | None) -> Dataset:
-    """At most ``count`` items of ``dataset`` (all of them for None), e.g. for quick runs and tests."""
+    """The first ``count`` items of ``dataset`` (all of them for None), e.g. for quick runs and tests."""
     if count is None or count >= len(dataset):
         return dataset
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
     return _Head(dataset, count)
+
+
+class _Sample(Subset):
+    """Some items of a data set, in its order, keeping its ``info``, ``labels`` and ``set_epoch`` (augmentation
+    stays seeded by the items' own indices)."""
+
+    def __init__(self, dataset: _ImageDataset, indices: list[int]):
+        super().__init__(dataset, indices)
+        self.info = dataset.info
+        self.labels = dataset.labels[indices]
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+
+
+def sample(dataset: Dataset, count: int | None, seed: int) -> Dataset:
+    """``count`` items of ``dataset`` chosen at random with ``seed`` and kept in the data set's order (all of them for
+    None): what ``--max_train_samples`` and ``--max_eval_samples`` keep, as `datasets`' ``shuffle(seed).select``
+    does, because the first items of a folder of class folders are all of one class."""
+    if count is None or count >= len(dataset):
+        return dataset
+    return _Sample(dataset, sampled_indices(len(dataset), count, seed))
+
+
+def sampled_indices(size: int, count: int, seed: int) -> list[int]:
+    """``count`` of the indices ``0 .. size - 1``, chosen at random with ``seed``, in increasing order."""
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    generator = torch.Generator().manual_seed(seed)
+    return sorted(torch.randperm(size, generator=generator)[:count].tolist())
 
 
 def _check_data_dir(data_dir: str, name: str) -> str:

@@ -135,7 +135,7 @@ def evaluated_split(dataset, key: str | None = None) -> str | None:
         return split
     kept, total, first = part
     split = split or "the evaluation set"
-    return evaluated_part(split, kept, total) if first else f"{kept} of the {total} images of {split}"
+    return evaluated_part(split, kept, total, first)
 
 
 def _hub_repo(dataset, info) -> str | None:

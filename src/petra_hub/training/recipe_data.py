@@ -25,8 +25,8 @@ from ..data import (
     dataset_spec,
     image_processor_for,
     load_image_dataset,
-    take,
 )
+from ..data.dataset import sample, sampled_indices
 from ..data.sources import open_image, to_rgb
 from .recipe_checks import check_class_indices, check_dataset_path, check_image_folders, label_names_of, normalisation
 
@@ -90,13 +90,20 @@ class DataArguments:
                           "by up to 2 pixels; a `datasets` set: random resized crops and flips); false: train on "
                           "the images as evaluation sees them."},
     )
-    max_train_samples: int | None = field(default=None, metadata={"help": "Use only N training images."})
-    max_eval_samples: int | None = field(default=None, metadata={"help": "Use only the first N evaluation images."})
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "Use only N training images, chosen at random with --seed."})
+    max_eval_samples: int | None = field(
+        default=None, metadata={"help": "Use only N evaluation images, chosen at random with --seed."})
     max_predict_samples: int | None = field(
-        default=None, metadata={"help": "Use only the first N test images for predict."}
+        default=None, metadata={"help": "Use only N test images for predict, chosen at random with --seed."}
     )
 
     def __post_init__(self):
+        for key in ("max_train_samples", "max_eval_samples", "max_predict_samples", "image_size"):
+            value = getattr(self, key)
+            if value is not None and (type(value) is not int or value < 1):
+                raise ValueError(f"--{key} must be a positive whole number (or unset for "
+                                 f"{'all of them' if key != 'image_size' else 'the data set size'}), got {value!r}")
         if self.dataset_name and (self.train_dir or self.validation_dir):
             raise ValueError("give --dataset_name or --train_dir/--validation_dir, not both")
         if self.uses_datasets and (self.data_dir or self.hub_id):
@@ -250,9 +257,9 @@ def _load_builtin(args: DataArguments, seed: int, splits: set[str]) -> RecipeDat
     test = load_image_dataset(name, "test", **source) if splits & {"eval", "test"} else None
     info: DatasetInfo = (train or test).info
     return RecipeData(
-        train=take(train, args.max_train_samples) if train is not None else None,
-        eval=take(test, args.max_eval_samples) if "eval" in splits else None,
-        test=take(test, args.max_predict_samples) if "test" in splits else None,
+        train=sample(train, args.max_train_samples, seed) if train is not None else None,
+        eval=sample(test, args.max_eval_samples, seed) if "eval" in splits else None,
+        test=sample(test, args.max_predict_samples, seed) if "test" in splits else None,
         label_names=list(info.label_names),
         image_size=info.image_size,
         collator=collate_image_batch,
@@ -267,9 +274,12 @@ def is_cut(limit: int | None, size: int) -> bool:
     return limit is not None and limit < size
 
 
-def evaluated_part(split: str, limit: int | None, size: int) -> str:
-    """What the card says was evaluated: the split, or the part of it `--max_eval_samples` kept."""
-    return f"first {limit} of the {size} images of {split}" if is_cut(limit, size) else split
+def evaluated_part(split: str, limit: int | None, size: int, first: bool = False) -> str:
+    """What the card says was evaluated: the split, or the part of it that was kept: `--max_eval_samples` images
+    chosen at random, or the `first` ones (`petra_hub.data.take`)."""
+    if not is_cut(limit, size):
+        return split
+    return f"{'first ' if first else ''}{limit} of the {size} images of {split}"
 
 
 def _open(args: DataArguments):
@@ -360,19 +370,18 @@ def _load_datasets(args: DataArguments, seed: int, splits: set[str], processor) 
         processor = image_processor_for(info, shorter_side=size)  # as `image_transforms` evaluates
     train_transform, eval_transform = image_transforms(size, mean, std)
 
-    def select(split: str, transform, limit: int | None, shuffle: bool):
+    def select(split: str, transform, limit: int | None):
         if split not in splits:
             return None
         dataset = data[names[split]]
-        if limit is not None:
-            dataset = (dataset.shuffle(seed=seed) if shuffle else dataset).select(range(min(limit, len(dataset))))
+        if is_cut(limit, len(dataset)):  # as `sample` chooses for the built-in data sets
+            dataset = dataset.select(sampled_indices(len(dataset), limit, seed))
         return dataset.with_transform(ApplyTransform(transform, image_column, label_column))
 
     return RecipeData(
-        train=select("train", train_transform if args.augment else eval_transform, args.max_train_samples,
-                     shuffle=True),
-        eval=select("eval", eval_transform, args.max_eval_samples, shuffle=False),
-        test=select("test", eval_transform, args.max_predict_samples, shuffle=False),
+        train=select("train", train_transform if args.augment else eval_transform, args.max_train_samples),
+        eval=select("eval", eval_transform, args.max_eval_samples),
+        test=select("test", eval_transform, args.max_predict_samples),
         label_names=label_names,
         image_size=size,
         collator=ImageClassificationCollator(label_column),

@@ -91,18 +91,31 @@ def _images_under(top: str, cls: str, seen: dict[tuple[int, int], tuple[str, str
     return found
 
 
-def scan_split_folder(root: str, class_to_idx: dict[str, int]) -> tuple[list[str], list[int]]:
-    """Image paths under ``root/<class>/`` and their class indices."""
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+def class_folders(root: str) -> list[str]:
+    """The class folders of ``root``, sorted: its sub-folders but hidden ones (``.ipynb_checkpoints``, ``.git``),
+    which are no class, as `datasets`' imagefolder skips them."""
+    return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+
+
+def scan_split_folder(root: str, class_to_idx: dict[str, int],
+                      every_class: bool = False) -> tuple[list[str], list[int]]:
+    """Image paths under ``root/<class>/`` and their class indices; with ``every_class`` (the folder the classes
+    come from), a class folder without images is an error naming it: the model would get an output never trained."""
+    classes = class_folders(root)
     unknown = [c for c in classes if c not in class_to_idx]
     if unknown:
         raise ValueError(f"{root}: class folders {unknown[:5]} do not exist in train/")
-    files, labels = [], []
+    files, labels, empty = [], [], []
     seen: dict[tuple[int, int], tuple[str, str]] = {}
     for c in classes:
         found = _images_under(os.path.join(root, c), c, seen)
         files += found
         labels += [class_to_idx[c]] * len(found)
+        empty += [] if found else [c]
+    if every_class and empty and files:
+        raise FileNotFoundError(
+            f"{root}: class folders {empty[:5]} hold no images (extensions {', '.join(IMAGE_EXTENSIONS)}): "
+            "remove them or add their images, so that every class the model gets is trained")
     if not files:
         raise FileNotFoundError(
             f"no images in {root!r}: expected image-folder layout <split>/<class_name>/<image> "
@@ -131,11 +144,11 @@ class ImageFolders:
         if root is None or not os.path.isdir(root):
             raise FileNotFoundError(f"no {name} {split} folder in {data_dir!r}: expected {self.layout}")
         class_root = train_root if os.path.isdir(train_root) else root
-        classes = sorted(e.name for e in os.scandir(class_root) if e.is_dir())
+        classes = class_folders(class_root)
         if not classes:
             raise FileNotFoundError(f"no class folders in {class_root!r}: expected "
                                     "<split>/<class_name>/<image> (image-folder layout)")
-        files, labels = scan_split_folder(root, {c: i for i, c in enumerate(classes)})
+        files, labels = scan_split_folder(root, {c: i for i, c in enumerate(classes)}, every_class=root == class_root)
         info = replace(spec.info, num_labels=len(classes), label_names=tuple(classes))
 
         def source(index: int) -> torch.Tensor:
