@@ -285,3 +285,22 @@ def test_not_applicable_fields_are_not_refused(settings, tmp_path):
     assert all(TRAINING_ARGUMENT_SUPPORT[name].status == NOT_APPLICABLE for name in settings)
     args = PetraTrainingArguments(output_dir=str(tmp_path), report_to="none", **settings)
     check_supported(args)
+
+
+def test_a_refused_field_set_after_the_arguments_were_built_is_refused_by_the_trainer(tmp_path):
+    """`args.save_only_model = True` after construction (a common pattern) was accepted and ignored: the checkpoint
+    still held every stage's optimizer state."""
+    from petra_hub.training import PetraTrainer
+    from tests.training.test_trainer import make_trainer
+
+    for name, value in (("save_only_model", True), ("bf16_full_eval", True)):
+        trainer = make_trainer(tmp_path / name, max_steps=1)
+        setattr(trainer.args, name, value)
+        for call in (trainer.train, trainer.evaluate, lambda: trainer.predict(trainer.eval_dataset)):
+            with pytest.raises(ValueError, match=rf"{name}=True is not supported by PetraTrainer"):
+                call()
+    args = PetraTrainingArguments(output_dir=str(tmp_path / "built"), report_to=[])
+    args.save_only_model = True
+    with pytest.raises(ValueError, match="save_only_model=True is not supported by PetraTrainer"):
+        PetraTrainer(model=trainer.model, args=args, train_dataset=trainer.train_dataset,
+                     data_collator=trainer.data_collator)

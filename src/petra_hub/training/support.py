@@ -6,7 +6,8 @@ Every dataclass field of `PetraTrainingArguments` (transformers' fields and the 
 - "honoured": PetraTrainer, or the transformers machinery it keeps (callbacks, logging, `TrainerState`,
   checkpoint folders, `push_to_hub`), really uses it; the note says how.
 - "refused": PetraTrainer would ignore it or get it wrong, so `check_supported` (run when the arguments are
-  built) raises a `ValueError` when it is set to anything but its default; the note says why and what to do.
+  built, and again when PetraTrainer is built, trains, evaluates and predicts, for a field set afterwards) raises a
+  `ValueError` when it is set to anything but its default; the note says why and what to do.
 - "not_applicable": it means nothing for PETRA and is harmless at any value; the note says why.
 
 A few honoured fields also have values PetraTrainer cannot honour (e.g. `optim="lomo"`); `check_supported`
@@ -180,7 +181,8 @@ def check_supported(args) -> None:
     (in field order), or the first honoured field set to a value PetraTrainer cannot honour.
 
     Runs in `PetraTrainingArguments.__post_init__`, before transformers normalises the values, and again on every
-    rebuild (`dataclasses.replace`), after it did: both forms of a default value are accepted. A transformers
+    rebuild (`dataclasses.replace`) and in `PetraTrainer.__init__`, `train`, `evaluate` and `predict` (a field set
+    after the arguments were built), after it did: both forms of a default value are accepted. A transformers
     field missing from `TRAINING_ARGUMENT_SUPPORT` (a newer release) is refused when set, until it is classified.
     """
     defaults = _transformers_defaults()

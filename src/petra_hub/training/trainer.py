@@ -42,6 +42,7 @@ from .optimization import optimizer_factory, scheduler_factory, stage_optimizer
 from .plug_ins import check_plug_ins, loss_function, with_step_labels
 from .rng_state import restore_rng_state
 from .sampler import EpochSampler
+from .support import check_supported
 
 
 class PetraTrainer(Trainer):
@@ -54,6 +55,7 @@ class PetraTrainer(Trainer):
         if not isinstance(args, PetraTrainingArguments):
             raise TypeError(f"PetraTrainer needs PetraTrainingArguments, got {type(args).__name__}")
         super().__init__(model, args, *positional, **kwargs)
+        check_supported(self.args)  # again below: a field set after the arguments were built (args.x = ...)
         if not hasattr(self.model, "get_stages"):
             raise ValueError("PetraTrainer needs a model with get_stages(), such as RevNetForImageClassification")
         check_plug_ins(self)
@@ -276,6 +278,7 @@ class PetraTrainer(Trainer):
         return getattr(optimizer_cls, "__name__", type(optimizer_cls).__name__)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
+        check_supported(self.args)
         resume_from_checkpoint = checkpoint_to_resume(resume_from_checkpoint, self.args.output_dir, len(self.stages))
         try:
             return super().train(resume_from_checkpoint, *args, **kwargs)
@@ -361,6 +364,7 @@ class PetraTrainer(Trainer):
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Drain, then run every batch forward through the stages with running batch-norm statistics. A dict of
         data sets is evaluated set by set, with prefixes `eval_<name>`."""
+        check_supported(self.args)
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if isinstance(dataset, str):  # the name of one of a dict of eval data sets (the prefix stays, as in Trainer)
             dataset = eval_set_named(self.eval_dataset, dataset)
@@ -377,6 +381,7 @@ class PetraTrainer(Trainer):
 
     def predict(self, test_dataset, ignore_keys=None, metric_key_prefix: str = "test") -> PredictionOutput:
         """Predictions of the trained stages, the same on every rank (call it on every rank)."""
+        check_supported(self.args)
         result = self._infer(self.get_test_dataloader(test_dataset), metric_key_prefix, keep_outputs=True)
         self.control = self.callback_handler.on_predict(self.args, self.state, self.control, result.metrics)
         return PredictionOutput(predictions=result.logits, label_ids=result.label_ids, metrics=result.metrics)
