@@ -3,6 +3,7 @@ arguments, the paper's config files, the data sources it accepts, fine-tuning, r
 
 import json
 import os
+import re
 import runpy
 import shutil
 import subprocess
@@ -497,3 +498,24 @@ def test_sample_counts_and_image_size_must_be_positive_whole_numbers(flag, value
 
     with pytest.raises(ValueError, match=rf"--{flag} must be a positive whole number .*got {value}"):
         DataArguments(dataset_name="x", **{flag: value})
+
+
+@pytest.mark.parametrize("argv, remedy", [
+    (["--dataset", "cifar10"], "or pass data_dir (the recipe's --data_dir): cifar-10-batches-py/"),
+    (["--dataset_name", "someone/images"], "or give --dataset_name a local save_to_disk folder"),
+])
+def test_a_hub_set_missing_from_the_offline_cache_says_why_and_what_to_do(argv, remedy, datasets_cache):
+    """datasets' own error said only "Couldn't reach 'uoft-cs/cifar10' on the Hub (OfflineModeIsEnabled)"."""
+    from petra_hub.training.recipe_data import DataArguments, load_data
+
+    args = DataArguments(**{flag.removeprefix("--"): value for flag, value in zip(argv[::2], argv[1::2])})
+    expected = r"cannot load the data set '.*': it is not in the datasets cache, and offline mode is on .*run once "
+    with pytest.raises(FileNotFoundError, match=expected + rf"with network access .*{re.escape(remedy)}"):
+        load_data(args, seed=0, splits={"train"})
+
+
+def test_a_missing_local_hub_id_is_named():
+    from petra_hub.data import load_image_dataset
+
+    with pytest.raises(FileNotFoundError, match=r"'./nope' is a local path, but there is no such file or folder"):
+        load_image_dataset("cifar10", "train", hub_id="./nope")

@@ -8,6 +8,7 @@ import os
 
 from ..data import dataset_spec
 from ..data.sources import MAX_CLASSES, check_class_count
+from ..data.sources.hub import names_a_missing_path
 
 __all__ = ["check_class_indices", "check_dataset_path", "check_image_folders", "label_names_of", "normalisation"]
 
@@ -15,13 +16,12 @@ __all__ = ["check_class_indices", "check_dataset_path", "check_image_folders", "
 # stray huge index would otherwise make that many classes), beyond this many classes.
 SPARSE_CLASSES = 1_000
 SPARSE_RATIO = 10
-PATH_PREFIXES = ("./", "../", "/", "~")  # a --dataset_name that starts so is a local path, no Hub id
 METADATA_FILES = ("metadata.csv", "metadata.jsonl", "metadata.parquet")  # imagefolder's labels without sub-folders
 
 
 def check_dataset_path(name: str) -> None:
     """A --dataset_name that looks like a local path must exist (`datasets` would look it up on the Hub instead)."""
-    if (name in (".", "..") or name.startswith(PATH_PREFIXES)) and not os.path.exists(os.path.expanduser(name)):
+    if names_a_missing_path(name):
         raise ValueError(f"--dataset_name {name!r} is a local path, but there is no such file or folder: expected a "
                          "folder (save_to_disk output, or data files) or a Hub id such as uoft-cs/cifar10")
 

@@ -28,6 +28,7 @@ from ..data import (
 )
 from ..data.dataset import sample, sampled_indices
 from ..data.sources import open_image, to_rgb
+from ..data.sources.hub import load_from_hub
 from .recipe_checks import check_class_indices, check_dataset_path, check_image_folders, label_names_of, normalisation
 
 __all__ = [
@@ -291,7 +292,8 @@ def _open(args: DataArguments):
         if os.path.isfile(os.path.join(path, "dataset_dict.json")) or os.path.isfile(os.path.join(path, "state.json")):
             loaded = _load_from_disk(path)  # save_to_disk output: a DatasetDict or one Dataset (train)
             return loaded if isinstance(loaded, datasets.DatasetDict) else datasets.DatasetDict(train=loaded)
-        return datasets.load_dataset(args.dataset_name, args.dataset_config_name)
+        return load_from_hub(args.dataset_name, args.dataset_config_name, remedy="give --dataset_name a local "
+                             "save_to_disk folder, or --train_dir / --validation_dir folders of class folders")
     files = {split: os.path.join(folder, "**") for split, folder in (("train", args.train_dir),
                                                                       ("validation", args.validation_dir)) if folder}
     check_image_folders({flag: folder for flag, folder in (("train_dir", args.train_dir),

@@ -29,7 +29,35 @@ if TYPE_CHECKING:
     from . import Loaded
 
 
-def _open_split(hub_id: str, candidates: tuple[str, ...]):
+def names_a_missing_path(name: str) -> bool:
+    """Whether ``name`` is a local path (``.``, ``..``, or starting ``/``, ``./``, ``../``, ``~``: no Hub id) that
+    does not exist (`datasets` would look it up on the Hub instead)."""
+    local = name in (".", "..") or name.startswith(("/", "./", "../", "~"))
+    return local and not os.path.exists(os.path.expanduser(name))
+
+
+def load_from_hub(hub_id: str, *args, remedy: str, **kwargs):
+    """``datasets.load_dataset(hub_id, *args, **kwargs)``; a set that cannot be found or reached is a
+    FileNotFoundError naming it, saying whether offline mode is why, and what to do (``remedy``), where `datasets`
+    says only that it could not reach the Hub."""
+    import datasets
+
+    if names_a_missing_path(hub_id):
+        raise FileNotFoundError(f"{hub_id!r} is a local path, but there is no such file or folder: expected a folder "
+                                f"(save_to_disk output, or data files) or a Hub id such as uoft-cs/cifar10")
+    try:
+        return datasets.load_dataset(hub_id, *args, **kwargs)
+    except (ConnectionError, FileNotFoundError) as exc:  # DatasetNotFoundError is a FileNotFoundError
+        if datasets.config.HF_HUB_OFFLINE or datasets.config.HF_DATASETS_OFFLINE:
+            reason = ("it is not in the datasets cache, and offline mode is on (HF_HUB_OFFLINE or "
+                      "HF_DATASETS_OFFLINE): run once with network access to cache it")
+        else:
+            reason = "it is neither a local folder nor a data set the Hub serves (or the Hub cannot be reached)"
+        raise FileNotFoundError(f"cannot load the data set {hub_id!r}: {reason}; or {remedy} "
+                                f"({type(exc).__name__}: {exc})") from None
+
+
+def _open_split(hub_id: str, candidates: tuple[str, ...], remedy: str):
     """``(dataset, split name)`` of the first of ``candidates`` that loads."""
     import datasets
 
@@ -50,7 +78,7 @@ def _open_split(hub_id: str, candidates: tuple[str, ...]):
     errors = []
     for s in candidates:
         try:
-            return datasets.load_dataset(hub_id, split=s), s
+            return load_from_hub(hub_id, split=s, remedy=remedy), s
         except ValueError as exc:  # unknown split name, or no data: try the next alias
             errors.append(f"{s!r}: {exc}")
     raise ValueError(f"{hub_id}: no split {' / '.join(map(repr, candidates))} with items "
@@ -61,7 +89,8 @@ def load_hub(spec: DatasetSpec, split: str, hub_id: str) -> Loaded:
     """``(source, labels, info)`` of split ``split`` ("train" / "test") of ``hub_id``."""
     import datasets
 
-    ds, used = _open_split(hub_id, spec.hub_splits(split))
+    remedy = f"pass data_dir (the recipe's --data_dir): {spec.reader.layout}"
+    ds, used = _open_split(hub_id, spec.hub_splits(split), remedy)
     where = f"{hub_id} split {used!r}"
     if len(ds) == 0:
         raise ValueError(f"{where}: no items")
