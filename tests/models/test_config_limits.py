@@ -98,3 +98,112 @@ def test_bad_types_are_still_validate_architectures_to_name():
         RevNetConfig(depths=[2, "x", 2, 2])
     with pytest.raises(ValueError, match="hidden_size must be a positive integer, got 'big'"):
         RevViTConfig(hidden_size="big")
+
+
+# Sizes given as bools or floats: `isinstance(True, int)` holds and `2.0 in (1, 2)` too, so validate_architecture took
+# them while the parameter estimate (which reads plain integers only) was skipped: 9e12 parameters got through.
+HUGE_REVNET = {"hidden_sizes": [8, 1_000_000], "embedding_size": 8}
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("depths", [1, True], r"depths must be positive integers, got \[1, True\]"),
+    ("layer_strides", [1, 2.0], r"layer_strides must be 1 or 2 \(integers\), got \[1, 2.0\]"),
+    ("layer_strides", [1, True], r"layer_strides must be 1 or 2 \(integers\), got \[1, True\]"),
+    ("embedding_size", 8.0, r"embedding_size must be a positive integer, got 8.0"),
+    ("num_channels", True, r"num_channels must be a positive integer, got True"),
+])
+def test_revnet_sizes_as_bools_or_floats_are_refused(key, value, message):
+    arguments = {"depths": [1, 1], "layer_strides": [1, 2], **HUGE_REVNET, key: value}
+    with pytest.raises(ValueError, match=r"^Invalid RevNetConfig: " + message + "$"):
+        RevNetConfig.from_dict({"model_type": "revnet", **arguments})
+    with pytest.raises(ValueError, match=message):
+        RevNetConfig(**arguments)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("num_hidden_layers", True, "num_hidden_layers must be a positive integer, got True"),
+    ("num_channels", True, "num_channels must be a positive integer, got True"),
+    ("image_size", 16.0, "image_size must be a positive integer, got 16.0"),
+])
+def test_revvit_sizes_as_bools_or_floats_are_refused(key, value, message):
+    arguments = {"image_size": 16, "patch_size": 16, "hidden_size": 1_000_000, "num_attention_heads": 1,
+                 "num_hidden_layers": 1, key: value}  # with num_hidden_layers=True: 12,000,791,000,002 parameters
+    with pytest.raises(ValueError, match=r"^Invalid RevViTConfig: " + message + "$"):
+        RevViTConfig.from_dict({"model_type": "revvit", **arguments})
+
+
+@pytest.mark.parametrize("ratio, width, parameters", [
+    (1.5e9, "1500000000", "3,000,000,777"),
+    (2e9, "2000000000", "4,000,000,777"),  # at float(MAX_PARAMETERS) and above the estimate was skipped: 24 GB
+    (1e12, "1000000000000", "2,000,000,000,777"),
+])
+def test_revvit_mlp_ratio_has_no_way_around_the_cap(ratio, width, parameters):
+    with pytest.raises(ValueError, match=rf"an MLP width of {width} and 2 labels make about {parameters} "
+                                         r"parameters, more than the cap of 2,000,000,000$"):
+        RevViTConfig.from_dict({"model_type": "revvit", "image_size": 16, "patch_size": 16, "hidden_size": 1,
+                                "num_hidden_layers": 1, "num_attention_heads": 1, "mlp_ratio": ratio})
+    config = RevViTConfig(image_size=16, patch_size=16, hidden_size=1, num_hidden_layers=1, num_attention_heads=1,
+                          mlp_ratio=1000.0)
+    assert _weights(RevViTForImageClassification, config) == 2_777  # a large ratio within the cap is taken (MLP 1000)
+
+
+def test_validate_architecture_checks_the_estimate_of_what_it_accepts():
+    """Values set after __init__ (from_pretrained's overrides) reach only validate_architecture: it estimates too."""
+    config = RevNetConfig(depths=[1, 1], hidden_sizes=[8, 16], embedding_size=8)
+    config.hidden_sizes = [8, 1_000_000]
+    with pytest.raises(ValueError, match=r"hidden_sizes \[8, 1000000\], .* make about 9,000,0[\d,]+ parameters, more "
+                                         r"than the cap of 2,000,000,000$"):
+        config.validate_architecture()
+    vit = RevViTConfig(image_size=16, patch_size=16, hidden_size=1, num_hidden_layers=1, num_attention_heads=1)
+    vit.mlp_ratio = 2e9
+    with pytest.raises(ValueError, match=r"an MLP width of 2000000000 .* more than the cap of 2,000,000,000$"):
+        vit.validate_architecture()
+    with pytest.raises(ValueError, match=r"an MLP width of 2000000000 .* more than the cap"):
+        RevViTForImageClassification(vit)  # the model checks its configuration before it builds anything
+
+
+def _edited_folder(tmp_path, model, changes: dict, keep: str):
+    """A saved model whose config.json claims `changes`, with only the weights starting with `keep` in its file (as
+    a crafted upload would: the loader allocates what the file lacks)."""
+    from safetensors.torch import load_file, save_file
+
+    model.save_pretrained(tmp_path)
+    content = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**content, **changes}))
+    weights = load_file(tmp_path / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if k.startswith(keep)}, tmp_path / "model.safetensors",
+              metadata={"format": "pt"})
+    return tmp_path
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"depths": [1, True], "hidden_sizes": [8, 1_000_000]}, r"depths must be positive integers, got \[1, True\]"),
+    ({"layer_strides": [1, 2.0], "hidden_sizes": [8, 1_000_000]},
+     r"layer_strides must be 1 or 2 \(integers\), got \[1, 2.0\]"),
+])
+def test_from_pretrained_refuses_a_revnet_config_json_before_allocating(tmp_path, changes, message):
+    from transformers import AutoModelForImageClassification
+
+    model = RevNetForImageClassification(RevNetConfig(depths=[1, 1], hidden_sizes=[8, 16], embedding_size=8))
+    folder = _edited_folder(tmp_path, model, changes, keep="revnet.embedder")
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match=r"^Invalid RevNetConfig: " + message):
+        AutoModelForImageClassification.from_pretrained(folder)
+    assert time.perf_counter() - started < 2.0
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"mlp_ratio": 1e12}, r"image_size 16, .* an MLP width of 1000000000000 and 2 labels make about "
+                          r"2,000,000,000,777 parameters"),
+    ({"hidden_size": 1_000_000, "num_hidden_layers": True}, "num_hidden_layers must be a positive integer, got True"),
+])
+def test_from_pretrained_refuses_a_revvit_config_json_before_allocating(tmp_path, changes, message):
+    from transformers import AutoModelForImageClassification
+
+    model = RevViTForImageClassification(RevViTConfig(image_size=16, patch_size=16, hidden_size=1,
+                                                      num_hidden_layers=1, num_attention_heads=1))
+    folder = _edited_folder(tmp_path, model, changes, keep="revvit.embeddings")
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match=r"^Invalid RevViTConfig: " + message):
+        AutoModelForImageClassification.from_pretrained(folder)
+    assert time.perf_counter() - started < 2.0

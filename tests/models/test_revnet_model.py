@@ -372,8 +372,8 @@ def test_unknown_preset():
             {"block_type": "bottleneck", "hidden_sizes": [64, 128, 256, 510]},
             r"bottleneck blocks need hidden_sizes divisible by 4, got \[64, 128, 256, 510\]",
         ),
-        ({"depths": [2, 0, 2, 2]}, r"depths must be positive, got \[2, 0, 2, 2\]"),
-        ({"num_labels": 0}, r"num_labels must be positive, got 0"),
+        ({"depths": [2, 0, 2, 2]}, r"depths must be positive integers, got \[2, 0, 2, 2\]"),
+        ({"num_labels": 0}, r"num_labels must be a positive integer \(the number of classes\), got 0"),
         ({"layer_strides": [1, 3, 2, 2]}, r"layer_strides must be 1 or 2"),
     ],
 )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from transformers import PretrainedConfig
 
 BLOCK_TYPES = ("basic", "bottleneck")
@@ -57,9 +59,30 @@ def canonical_preset(name: str) -> str | None:
     return key if key in PRESETS else None
 
 
+PROBLEM_TYPES = (None, "regression", "single_label_classification", "multi_label_classification")
+
+
 def _count(value) -> int | None:
-    """A size given as a plain integer (bools excluded), else None: other values are validate_architecture's."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """A size given as a plain integer (bools and floats excluded), else None: other values are
+    validate_architecture's."""
+    return value if type(value) is int else None
+
+
+def _is_integer(value) -> bool:
+    return type(value) is int  # bools (True == 1) and floats (8.0) are not sizes: they would pass `isinstance`
+
+
+def _is_real(value) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def check_num_labels(value, name: str) -> None:
+    """num_labels as given (PretrainedConfig keeps only id2label, whose length a negative count makes 0)."""
+    if not _is_integer(value) or value < 1:
+        raise ValueError(f"Invalid {name}: num_labels must be a positive integer (the number of classes), got "
+                         f"{value!r}")
+    if value > MAX_LABELS:
+        raise ValueError(f"Invalid {name}: num_labels makes {value:,} classes, more than the cap of {MAX_LABELS:,}")
 
 
 def _counts(values) -> list[int] | None:
@@ -67,6 +90,11 @@ def _counts(values) -> list[int] | None:
         return None
     counts = [_count(value) for value in values]
     return None if None in counts else [max(count, 0) for count in counts]
+
+
+def _as_list(values):
+    """A list of per-layer values from a list or tuple; anything else is kept for validate_architecture to name."""
+    return list(values) if isinstance(values, (list, tuple)) else values
 
 
 def label_count(kwargs: dict) -> int | None:
@@ -101,14 +129,21 @@ def check_sizes(block_type, depths, hidden_sizes, embedding_size, stem, num_chan
     strides = _counts(([1] + [2] * (len(depths) - 1) if depths else []) if layer_strides is None else layer_strides)
     sizes = (_count(embedding_size), _count(num_channels))
     if None in (depths, widths, strides, *sizes) or not len(depths) == len(widths) == len(strides):
-        return  # validate_architecture names what is wrong
-    parameters = estimated_parameters(block_type, depths, widths, max(sizes[0], 0), stem, max(sizes[1], 0),
-                                      downsampling, strides, labels)
+        return  # validate_architecture names what is wrong, then checks the estimate of what it accepted
+    check_parameters(block_type, depths, widths, max(sizes[0], 0), stem, max(sizes[1], 0), downsampling, strides,
+                     labels)
+
+
+def check_parameters(block_type, depths, hidden_sizes, embedding_size, stem, num_channels, downsampling,
+                     layer_strides, num_labels) -> None:
+    """Refuse sizes (integers) whose estimated parameters exceed MAX_PARAMETERS."""
+    parameters = estimated_parameters(block_type, depths, hidden_sizes, embedding_size, stem, num_channels,
+                                      downsampling, layer_strides, num_labels)
     if parameters > MAX_PARAMETERS:
         raise ValueError(
-            f"Invalid RevNetConfig: depths {depths}, hidden_sizes {widths}, embedding_size {embedding_size}, "
-            f"num_channels {num_channels} and {labels:,} labels make about {parameters:,} parameters, more than the "
-            f"cap of {MAX_PARAMETERS:,}"
+            f"Invalid RevNetConfig: depths {depths}, hidden_sizes {hidden_sizes}, embedding_size {embedding_size}, "
+            f"num_channels {num_channels} and {num_labels:,} labels make about {parameters:,} parameters, more "
+            f"than the cap of {MAX_PARAMETERS:,}"
         )
 
 
@@ -177,15 +212,15 @@ class RevNetConfig(PretrainedConfig):
         check_sizes(block_type, depths, hidden_sizes, embedding_size, stem, num_channels, downsampling, layer_strides,
                     kwargs)  # before PretrainedConfig builds id2label from num_labels
         self.block_type = block_type
-        self.depths = list(depths) if depths is not None else [2, 2, 2, 2]
-        self.hidden_sizes = list(hidden_sizes) if hidden_sizes is not None else [64, 128, 256, 512]
+        self.depths = _as_list([2, 2, 2, 2] if depths is None else depths)
+        self.hidden_sizes = _as_list([64, 128, 256, 512] if hidden_sizes is None else hidden_sizes)
         self.embedding_size = embedding_size
         self.stem = stem
         self.num_channels = num_channels
         self.downsampling = downsampling
         if layer_strides is None:
-            layer_strides = [1] + [2] * (len(self.depths) - 1)
-        self.layer_strides = list(layer_strides)
+            layer_strides = [1] + [2] * (len(self.depths) - 1 if isinstance(self.depths, list) else 0)
+        self.layer_strides = _as_list(layer_strides)
         self.preset = preset
         self.batch_norm_eps = batch_norm_eps
         self.batch_norm_momentum = batch_norm_momentum
@@ -216,29 +251,64 @@ class RevNetConfig(PretrainedConfig):
             self.downsampling in DOWNSAMPLINGS,
             f"downsampling must be one of {DOWNSAMPLINGS}, got {self.downsampling!r}",
         )
-        check(len(self.depths) > 0, "depths must name at least one layer")
+        for key in ("depths", "hidden_sizes", "layer_strides"):
+            values = getattr(self, key)
+            check(isinstance(values, list) and 1 <= len(values) <= MAX_LAYERS,
+                  f"{key} must be a list of 1 to {MAX_LAYERS} integers (one per layer), got {values!r}")
         check(
             len(self.hidden_sizes) == len(self.depths) == len(self.layer_strides),
             f"depths ({len(self.depths)}), hidden_sizes ({len(self.hidden_sizes)}) and layer_strides "
             f"({len(self.layer_strides)}) must have one entry per layer",
         )
-        check(all(isinstance(d, int) and d >= 1 for d in self.depths), f"depths must be positive, got {self.depths}")
+        check(all(_is_integer(d) and d >= 1 for d in self.depths),
+              f"depths must be positive integers, got {self.depths}")
+        check(sum(self.depths) <= MAX_BLOCKS,
+              f"depths {self.depths} make {sum(self.depths):,} blocks, more than the cap of {MAX_BLOCKS:,}")
         check(
-            all(isinstance(w, int) and w >= 1 for w in self.hidden_sizes),
+            all(_is_integer(w) and w >= 1 for w in self.hidden_sizes),
             f"hidden_sizes must be positive integers, got {self.hidden_sizes}",
         )
-        check(all(s in (1, 2) for s in self.layer_strides), f"layer_strides must be 1 or 2, got {self.layer_strides}")
+        check(all(_is_integer(s) and s in (1, 2) for s in self.layer_strides),
+              f"layer_strides must be 1 or 2 (integers), got {self.layer_strides}")
         if self.block_type == "bottleneck":
             check(
                 all(w % 4 == 0 for w in self.hidden_sizes),
                 f"bottleneck blocks need hidden_sizes divisible by 4, got {self.hidden_sizes}",
             )
-        check(self.embedding_size >= 1, f"embedding_size must be positive, got {self.embedding_size}")
-        check(self.num_channels >= 1, f"num_channels must be positive, got {self.num_channels}")
-        check(self.num_labels >= 1, f"num_labels must be positive, got {self.num_labels}")
+        check(_is_integer(self.embedding_size) and self.embedding_size >= 1,
+              f"embedding_size must be a positive integer, got {self.embedding_size!r}")
+        check(_is_integer(self.num_channels) and self.num_channels >= 1,
+              f"num_channels must be a positive integer, got {self.num_channels!r}")
+        check_num_labels(self.num_labels, "RevNetConfig")
+        check(self.problem_type in PROBLEM_TYPES, f"problem_type must be one of {PROBLEM_TYPES}, got "
+                                                  f"{self.problem_type!r}")
+        check(_is_real(self.batch_norm_eps) and self.batch_norm_eps > 0,
+              f"batch_norm_eps must be a positive number, got {self.batch_norm_eps!r}")
+        check(self.batch_norm_momentum is None or (_is_real(self.batch_norm_momentum)
+                                                   and 0 <= self.batch_norm_momentum <= 1),
+              f"batch_norm_momentum must lie in [0, 1] (or be None: a cumulative average), got "
+              f"{self.batch_norm_momentum!r}")
+        check(_is_real(self.initializer_range) and self.initializer_range >= 0,
+              f"initializer_range must be a number >= 0 (a standard deviation), got {self.initializer_range!r}")
         for key, (accepted, why) in FOREIGN_KEYS.items():
             if key in vars(self):
                 check(vars(self)[key] in accepted, f"{key}={vars(self)[key]!r} is not supported: {why}")
+        # Every size is now a checked integer: what was accepted must also fit the cap (check_sizes skipped the
+        # estimate for values it could not read, and from_pretrained sets its overrides after __init__).
+        check_parameters(self.block_type, self.depths, self.hidden_sizes, self.embedding_size, self.stem,
+                         self.num_channels, self.downsampling, self.layer_strides, self.num_labels)
+
+    @property
+    def num_labels(self) -> int | None:
+        """The number of classes: id2label's entries (PretrainedConfig's rule)."""
+        return PretrainedConfig.num_labels.fget(self)
+
+    @num_labels.setter
+    def num_labels(self, value) -> None:
+        # Checked as given: PretrainedConfig builds id2label from range(value), which a negative count leaves empty
+        # (reported as 0) and a bool or a float would reach unchecked.
+        check_num_labels(value, "RevNetConfig")
+        PretrainedConfig.num_labels.fset(self, value)
 
     def stream_widths(self) -> list[int]:
         """The width of each stream after each layer: hidden_sizes with buffered downsampling; with invertible
