@@ -208,6 +208,30 @@ def test_unknown_or_misspelled_keys_are_errors_naming_them(tmp_path, capsys):
     assert "--num_train_epoch" in capsys.readouterr().err
 
 
+
+@pytest.mark.parametrize("line, error", [
+    ("max_train_samples: 10.5", "max_train_samples: 10.5 is not a whole number"),  # was: slice indices must be ints
+    ("seed: 3.7", "seed: 3.7 is not a whole number"),
+    ("per_device_train_batch_size: true", "per_device_train_batch_size: True is not a whole number"),
+    ("learning_rate: [1, 2]", r"learning_rate: \[1, 2\] is not a single float"),  # was: accepted
+    ("optim_args: {momentum: 0.9}", r"optim_args: \{'momentum': 0.9\} is not a single str"),  # was: AttributeError
+])
+def test_a_config_value_of_the_wrong_type_is_refused_naming_the_file_and_key(tmp_path, line, error):
+    config = tmp_path / "run.yaml"
+    config.write_text(line + "\n")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(config))}: {error}"):
+        recipe.parse([str(config)])
+
+
+def test_config_values_the_fields_take_are_read_as_their_types(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("max_train_samples: 10.0\nlearning_rate: 5e-4\nlr_scheduler_kwargs: {min_lr: 0.001}\n"
+                      "report_to: [none]\ndo_train: true\nhidden_sizes: 8,8,16,16\n")
+    model_args, data_args, args = recipe.parse([str(config)])
+    assert data_args.max_train_samples == 10 and type(data_args.max_train_samples) is int
+    assert args.learning_rate == 5e-4 and args.lr_scheduler_kwargs == {"min_lr": 0.001} and args.do_train
+    assert model_args.hidden_sizes == "8,8,16,16"
+
 def test_a_value_can_be_unset_with_null(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text("hidden_sizes: null\nembedding_size: null\noptim_args: null\nweight_decay: 1e-4\n")
@@ -308,6 +332,14 @@ def test_the_card_names_the_part_of_a_datasets_split_that_was_evaluated(tmp_path
     split = whole.card_arguments["eval_split"]
     assert len(whole.eval) == 24 and split in ("test", "validation")
     assert len(cut.eval) == 10 and cut.card_arguments["eval_split"] == f"10 of the 24 images of {split}"
+
+
+def test_a_configuration_name_for_a_save_to_disk_folder_is_refused(tmp_path, datasets_cache):
+    from petra_hub.training.recipe_data import DataArguments, load_data
+
+    folder = str(write_digits_dataset(tmp_path / "digits-hf"))
+    with pytest.raises(ValueError, match="--dataset_config_name 'foo' does not apply to .*a save_to_disk folder"):
+        load_data(DataArguments(dataset_name=folder, dataset_config_name="foo"), seed=0, splits={"train"})
 
 
 @pytest.mark.parametrize("labels", [[0.0, 1.9, 2.7, 0.5, 1.0, 2.0], [0, 1, -1, 2, 1, 0]])

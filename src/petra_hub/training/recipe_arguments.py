@@ -10,7 +10,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass, field, fields
-from typing import get_args, get_type_hints
+from typing import get_args, get_origin, get_type_hints
 
 import yaml
 from transformers import HfArgumentParser
@@ -202,16 +202,57 @@ def _read_config_file(parser: HfArgumentParser, path: str) -> dict:
                  else repr(key) for key in unknown]
         raise ValueError(f"{path}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
                          f"see --help for the arguments")
-    for key, value in values.items():  # YAML reads 5e-4 as a string, and 5,5 may come as a number
-        action = parser._option_string_actions[f"--{key}"]
-        try:
-            if isinstance(value, str) and action.type in (int, float, string_to_bool):
-                values[key] = action.type(value)
-            elif isinstance(value, (int, float)) and not isinstance(value, bool) and action.type is str:
-                values[key] = str(value)
-        except (TypeError, ValueError, argparse.ArgumentTypeError) as error:
-            raise ValueError(f"{path}: {key}: {value!r} is not a valid {action.type.__name__} ({error})") from None
+    hints = _type_hints(parser)
+    for key, value in values.items():
+        values[key] = _file_value(path, key, value, parser._option_string_actions[f"--{key}"], hints.get(key))
     return values
+
+
+def _type_hints(parser: HfArgumentParser) -> dict:
+    hints = {}
+    for dtype in parser.dataclass_types:
+        try:
+            hints.update(get_type_hints(dtype))
+        except (NameError, TypeError):  # an annotation that does not resolve: its values are taken as they come
+            pass
+    return hints
+
+
+def _admits(hint, container: type) -> bool:
+    """Whether the type annotation `hint` admits a `container` (dict or list) value."""
+    return any((get_origin(option) or option) is container for option in (get_args(hint) or (hint,)))
+
+
+def _file_value(path: str, key: str, value, action: argparse.Action, hint):
+    """A config file's `value` for `--key` as the flag reads it (YAML reads 5e-4 as a string, and 5,5 may come as a
+    number); anything the field cannot take is a ValueError naming the file and key, before anything runs."""
+    def refused(expected: str) -> ValueError:
+        return ValueError(f"{path}: {key}: {value!r} is not {expected}")
+
+    if isinstance(value, (dict, list)):
+        if action.nargs in ("+", "*") and isinstance(value, list) or _admits(hint, type(value)):
+            return value
+        raise refused(f"a single {getattr(action.type, '__name__', 'value')}")
+    if value is None:
+        return value
+    try:
+        if action.type is int:
+            if isinstance(value, bool) or isinstance(value, float) and not value.is_integer():
+                raise refused("a whole number")
+            return int(value)
+        if action.type is float:
+            if isinstance(value, bool):
+                raise refused("a number")
+            return float(value)
+        if action.type is string_to_bool:
+            return value if isinstance(value, bool) else string_to_bool(value)
+        if action.type is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+    except (TypeError, ValueError, argparse.ArgumentTypeError) as error:
+        if str(error).startswith(path):
+            raise
+        raise ValueError(f"{path}: {key}: {value!r} is not a valid {action.type.__name__} ({error})") from None
+    return value
 
 
 def parse(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments, RecipeTrainingArguments]:

@@ -290,6 +290,9 @@ def _open(args: DataArguments):
         check_dataset_path(args.dataset_name)
         path = os.path.expanduser(args.dataset_name)
         if os.path.isfile(os.path.join(path, "dataset_dict.json")) or os.path.isfile(os.path.join(path, "state.json")):
+            if args.dataset_config_name:
+                raise ValueError(f"--dataset_config_name {args.dataset_config_name!r} does not apply to {path}, a "
+                                 "save_to_disk folder (it holds one configuration): leave it unset")
             loaded = _load_from_disk(path)  # save_to_disk output: a DatasetDict or one Dataset (train)
             return loaded if isinstance(loaded, datasets.DatasetDict) else datasets.DatasetDict(train=loaded)
         return load_from_hub(args.dataset_name, args.dataset_config_name, remedy="give --dataset_name a local "
