@@ -245,6 +245,9 @@ class RevViTConfig(PretrainedConfig):
         check(_is_real(self.initializer_range) and self.initializer_range >= 0,
               f"initializer_range must be a number >= 0 (a standard deviation), got {self.initializer_range!r}")
         check_num_labels(self.num_labels, "RevViTConfig")
+        check(not self.output_attentions,
+              f"output_attentions={self.output_attentions!r} is not supported: RevViT attention runs torch's "
+              "scaled_dot_product_attention, which returns no attention weights (expected False)")
         check(self.problem_type in PROBLEM_TYPES,
               f"problem_type must be one of {PROBLEM_TYPES}, got {self.problem_type!r}")
         for key, (accepted, why) in FOREIGN_KEYS.items():

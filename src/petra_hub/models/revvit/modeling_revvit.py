@@ -159,12 +159,32 @@ class RevViTHead(nn.Module):
         return self.classifier(self.pooler(streams)[1])
 
 
+def check_no_attentions(output_attentions) -> None:
+    if output_attentions:
+        raise ValueError(f"output_attentions={output_attentions!r} is not supported: RevViT attention runs torch's "
+                         "scaled_dot_product_attention, which returns no attention weights; expected "
+                         "output_attentions=False or None")
+
+
 class RevViTPreTrainedModel(CheckedLoadingMixin, PreTrainedModel):
+    """Attention always runs `torch.nn.functional.scaled_dot_product_attention`: `attn_implementation="sdpa"` (the
+    default) is what the model does, and other implementations ("eager", flash, flex) are refused rather than
+    ignored. SDPA returns no attention weights, so `output_attentions=True` (in the config or as an argument of
+    `forward`) is refused too."""
+
     config_class = RevViTConfig
     config: RevViTConfig
     base_model_prefix = "revvit"
     main_input_name = "pixel_values"
     input_modalities = ("image",)
+    _supports_sdpa = True
+
+    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
+        if requested_attention not in (None, "sdpa"):
+            raise ValueError(f"attn_implementation={requested_attention!r} is not supported: RevViT attention always "
+                             "runs torch's scaled_dot_product_attention; expected attn_implementation='sdpa' (the "
+                             "default) or None")
+        return super().get_correct_attn_implementation(requested_attention, is_init_check)
 
     def __init__(self, config: RevViTConfig, *inputs, **kwargs):
         # from_pretrained(..., drop_path_rate=...) sets keyword overrides on the config after it checked itself.
@@ -224,6 +244,7 @@ class RevViTModel(RevViTPreTrainedModel):
         output_hidden_states = (output_hidden_states if output_hidden_states is not None
                                 else self.config.output_hidden_states)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
+        check_no_attentions(kwargs.get("output_attentions"))
         self.check_pixel_values(pixel_values)
         streams = self.embeddings(pixel_values)
         hidden_states = [torch.cat(streams, dim=-1)] if output_hidden_states else None
@@ -261,6 +282,7 @@ class RevViTForImageClassification(RevViTPreTrainedModel):
                 output_hidden_states: bool | None = None, return_dict: bool | None = None,
                 **kwargs) -> ImageClassifierOutputWithNoAttention | tuple:
         return_dict = return_dict if return_dict is not None else self.config.return_dict
+        check_no_attentions(kwargs.get("output_attentions"))
         outputs = self.revvit(pixel_values, output_hidden_states=output_hidden_states, return_dict=True)
         logits = self.classifier(outputs.pooler_output)
         loss = self.compute_loss(logits, labels) if labels is not None else None
