@@ -299,6 +299,8 @@ class RevNetModel(RevNetPreTrainedModel):
         )
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         self.check_pixel_values(pixel_values)
+        # Images in the weights' dtype (as ViTModel does): float32 pixels into a bfloat16 or float64 model.
+        pixel_values = pixel_values.to(self.embedder.layers[0].weight.dtype)
         streams = self.embedder(pixel_values)
         hidden_states = [torch.cat(streams, dim=1)] if output_hidden_states else None
         for block in self.encoder:

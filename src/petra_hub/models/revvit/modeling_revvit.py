@@ -246,6 +246,8 @@ class RevViTModel(RevViTPreTrainedModel):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         check_no_attentions(kwargs.get("output_attentions"))
         self.check_pixel_values(pixel_values)
+        # Images in the weights' dtype (as ViTModel does): float32 pixels into a bfloat16 or float64 model.
+        pixel_values = pixel_values.to(self.embeddings.patches.weight.dtype)
         streams = self.embeddings(pixel_values)
         hidden_states = [torch.cat(streams, dim=-1)] if output_hidden_states else None
         for block in self.encoder:
