@@ -129,3 +129,26 @@ def test_more_or_fewer_stages_than_the_checkpoint_is_another_run(run, tmp_path):
     with pytest.raises(ValueError, match=r"different run \(num_stages: checkpoint 10, this run 5\)"):
         make_trainer(tmp_path / "fewer", petra_num_stages=5, max_steps=4).train(
             resume_from_checkpoint=str(run / "checkpoint-2"))
+
+
+def test_another_set_of_the_same_name_and_size_is_refused_on_resume(run, tmp_path):
+    """The checkpoint recorded only "digits (64)": 64 images of digits' test split resumed a run trained on 64 of
+    its train split."""
+    from petra_hub.data import load_image_dataset, take
+
+    checkpoint = run / "checkpoint-2"
+    recorded = json.loads((checkpoint / "petra_state.json").read_text())
+    assert recorded["dataset"] == "digits (64)" and recorded["train_labels"].startswith("sha256:")
+    other = take(load_image_dataset("digits", "test"), 64)
+    trainer = make_trainer(tmp_path / "other", train=other, max_steps=4)
+    with pytest.raises(ValueError, match=r"different run \(train_labels: checkpoint 'sha256:[0-9a-f]{16}', this run "
+                                         r"'sha256:[0-9a-f]{16}'\)"):
+        trainer.train(resume_from_checkpoint=str(checkpoint))
+
+    older = tmp_path / "older"  # a checkpoint of an earlier version, which did not record the labels
+    shutil.copytree(checkpoint, older)
+    del recorded["train_labels"]
+    (older / "petra_state.json").write_text(json.dumps(recorded))
+    resumed = make_trainer(tmp_path / "resumed", max_steps=3)
+    resumed.train(resume_from_checkpoint=str(older))
+    assert resumed.state.global_step == 3

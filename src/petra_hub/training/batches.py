@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 
@@ -120,6 +121,17 @@ def _every_dth(loader, replica: int, replicas: int, offset: int):
     stream = iter(loader)
     rounds = iter(lambda: tuple(itertools.islice(stream, replicas)), ())  # until the stream is exhausted
     return (batches[replica] for batches in itertools.islice(rounds, offset, None) if len(batches) == replicas)
+
+
+def labels_digest(dataset, collator=None) -> str | None:
+    """A fingerprint of the train set's labels, in order (None where they are only known when read: a stream, a plain
+    torch Dataset): checkpoints record it, so that a resumed run, and every process, reads the same data, not only a
+    set of the same name and size (another split of it, say)."""
+    labels, _ = _all_labels(dataset, getattr(collator, "label_column", None))
+    if labels is None:
+        return None
+    return "sha256:" + hashlib.sha256(labels.to(torch.int64 if not labels.is_floating_point() else torch.float64)
+                                      .contiguous().numpy().tobytes()).hexdigest()[:16]
 
 
 def dataset_label(dataset) -> str | None:

@@ -55,12 +55,14 @@ class PetraState:
     data_parallel: int | None = None
     # the stages' optimizer class, e.g. "AdamW": another cannot load their states (None in older checkpoints)
     optimizer: str | None = None
+    # `batches.labels_digest` of the train set (None for a stream, and in older checkpoints)
+    train_labels: str | None = None
 
     def check_compatible(self, other: "PetraState", folder) -> None:
         """Refuse to resume a run whose set-up differs from the checkpoint's (fields unknown to old checkpoints are
         not compared)."""
         keys = ("num_stages", "stage_groups", "mode", "accumulation_steps", "micro_batch_size", "dataset",
-                "data_parallel", "optimizer")
+                "data_parallel", "optimizer", "train_labels")
         differ = [
             f"{key}: checkpoint {getattr(self, key)!r}, this run {getattr(other, key)!r}"
             for key in keys
@@ -82,7 +84,7 @@ class PetraState:
         except (ValueError, TypeError) as error:
             raise ValueError(f"{path} is unreadable (the checkpoint is incomplete or corrupt): {error}") from None
         wrong = [key for key, least in _COUNTS.items() if not _count_or_none(getattr(state, key), least)]
-        texts = ("mode", "dataset", "optimizer")
+        texts = ("mode", "dataset", "optimizer", "train_labels")
         wrong += [key for key in texts if not isinstance(getattr(state, key), (str, type(None)))]
         if not (state.stage_groups is None or isinstance(state.stage_groups, list)
                 and all(_count_or_none(size, 1) and size is not None for size in state.stage_groups)):

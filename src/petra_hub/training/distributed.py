@@ -198,7 +198,7 @@ PER_PROCESS_FIELDS = frozenset({
 })
 
 
-def check_same_run(args, data_label: str | None) -> None:
+def check_same_run(args, data_label: str | None, labels: str | None = None) -> None:
     """Every process must run the same job: the same TrainingArguments (`PER_PROCESS_FIELDS` aside) and train set.
     Raises the same ValueError on every rank, naming the fields and which ranks hold which values (a collective;
     nothing to do with one process). Different seeds, for one, pair rank 0's images with other images' labels."""
@@ -207,6 +207,7 @@ def check_same_run(args, data_label: str | None) -> None:
     mine = {f.name: repr(getattr(args, f.name)) for f in dataclasses.fields(args)
             if f.init and f.name not in PER_PROCESS_FIELDS}
     mine["train_dataset"] = repr(data_label)
+    mine["train_labels"] = repr(labels)  # `batches.labels_digest`: the same labels in the same order
     with together("compare its training arguments with the other processes'"):
         everyone, differ = disagreements(mine)
     if differ:

@@ -26,7 +26,8 @@ from transformers.trainer_utils import PredictionOutput, TrainOutput, speed_metr
 from ..engine import Pipeline, group_sizes, merge_stages, replica_of
 from ..engine.optim import decayed_by_the_paper
 from .arguments import PetraTrainingArguments
-from .batches import check_all_labels, check_first_batch, data_seed, dataset_label, epoch_batches, make_loader
+from .batches import (check_all_labels, check_first_batch, data_seed, dataset_label, epoch_batches, labels_digest,
+                      make_loader)
 from .batches import plan_steps, repeated_first_batch, split_batch
 from .card import name_labels, save_run_folder, write_run_card
 from .card_data import record_evaluation
@@ -66,6 +67,7 @@ class PetraTrainer(Trainer):
         self.pipeline: Pipeline | None = None
         self._inference: Pipeline | None = None
         self._micro_batches_fed = 0
+        self._train_labels: str | None = None  # `labels_digest` of the train set, taken when training starts
         self._position = (0, 0)  # (epoch, micro-batches of it fed) of the next micro-batch
         self._pending = PendingLosses()  # this rank's losses not collected yet (a collective)
         self._unlogged = LossWindow()  # collected on every rank, not logged yet
@@ -177,7 +179,8 @@ class PetraTrainer(Trainer):
                          problem_type=self.model.config.problem_type)
         per_epoch, steps_per_epoch, max_steps = plan_steps(loader, args)
 
-        check_same_run(args, dataset_label(self.train_dataset))  # before any rank writes or trains
+        self._train_labels = labels_digest(self.train_dataset, self.data_collator)
+        check_same_run(args, dataset_label(self.train_dataset), self._train_labels)  # before any rank writes or trains
         check_shared_output_dir(args)
         with raise_on_every_rank():
             self._lock = preflight(self.args, self.model, self.replica, resume_from_checkpoint)
@@ -270,7 +273,8 @@ class PetraTrainer(Trainer):
         args = self.args
         return PetraState(self._micro_batches_fed, len(self.stages), args.petra_mode, args.gradient_accumulation_steps,
                           *self._position, args.per_device_train_batch_size, dataset_label(self.train_dataset),
-                          group_sizes(self.stages), args.petra_data_parallel, self._optimizer_name())
+                          group_sizes(self.stages), args.petra_data_parallel, self._optimizer_name(),
+                          self._train_labels)
 
     def _optimizer_name(self) -> str:
         """The class of the stages' optimizers (a checkpoint records it: another class cannot load their states)."""
