@@ -60,3 +60,30 @@ def test_explicit_single_label_problem_type_is_checked(build):
     model = build(num_labels=3, problem_type="single_label_classification").eval()
     with pytest.raises(ValueError, match=r"got values in \[0, 7\]"):
         model(IMAGES, labels=torch.tensor([0, 7, 1, 2]))
+
+
+@pytest.mark.parametrize("build", MODELS)
+@pytest.mark.parametrize("problem_type, dtype", [  # without problem_type, int64 and int32 mean single-label
+    (None, torch.int32), *[("single_label_classification", d) for d in (torch.int32, torch.int16, torch.uint8)]])
+def test_integer_labels_of_any_width_give_the_cross_entropy(build, problem_type, dtype):
+    """int32 labels passed the label checks (and transformers' inference of single-label classification) but the
+    cross-entropy raised 'expected target dtype to be Long or Byte, but got Int'; compute_loss casts class indices to
+    int64."""
+    model = build(num_labels=3, problem_type=problem_type).eval()
+    labels = torch.tensor([0, 2, 1, 2])
+    output = model(IMAGES, labels=labels.to(dtype))
+    expected = functional.cross_entropy(output.logits, labels)
+    assert output.loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert output.loss.item() > 0.5 and model.config.problem_type == "single_label_classification"
+    with pytest.raises(ValueError, match=r"got values in \[0, 3\]"):
+        model(IMAGES, labels=torch.tensor([0, 3, 1, 2], dtype=dtype))
+
+
+@pytest.mark.parametrize("build", MODELS)
+def test_integer_multi_label_targets_give_the_binary_cross_entropy(build):
+    """int32 multi-label targets raised in the BCE (result type Float can't be cast to Int): they are cast to float."""
+    model = build(num_labels=3, problem_type="multi_label_classification").eval()
+    targets = torch.tensor([[1, 0, 1], [0, 0, 1], [1, 1, 1], [0, 0, 0]], dtype=torch.int32)
+    output = model(IMAGES, labels=targets)
+    expected = functional.binary_cross_entropy_with_logits(output.logits, targets.float())
+    assert output.loss.item() == pytest.approx(expected.item(), rel=1e-6)

@@ -92,6 +92,20 @@ def check_labels(labels: torch.Tensor, logits: torch.Tensor, config) -> None:
         )
 
 
+def loss_labels(labels: torch.Tensor, logits: torch.Tensor, config) -> torch.Tensor:
+    """`labels` as the loss takes them: integer class indices of single-label classification (`class_indices`' rule)
+    as int64, which the cross-entropy requires (int32 labels pass the checks and transformers' inference), and integer
+    multi-label targets in the logits' dtype, which the binary cross-entropy requires."""
+    if labels.is_floating_point() or labels.dtype == torch.long:
+        return labels
+    problem_type = config.problem_type
+    if problem_type is None and config.num_labels and config.num_labels > 1 and labels.dtype == torch.int:
+        problem_type = "single_label_classification"
+    if problem_type == "single_label_classification":
+        return labels.long()
+    return labels.to(logits.dtype) if problem_type == "multi_label_classification" else labels
+
+
 def class_indices(labels: torch.Tensor, num_labels: int | None, problem_type: str | None) -> torch.Tensor | None:
     """The labels that must lie in [0, num_labels): those of single-label classification (`problem_type`, else
     inferred as transformers' loss infers it: several classes and int64 or int32 labels) other than IGNORE_INDEX.

@@ -22,7 +22,7 @@ from transformers.modeling_outputs import (
 )
 
 from .configuration_revnet import RevNetConfig
-from .loading_checks import CheckedLoadingMixin, check_labels
+from .loading_checks import CheckedLoadingMixin, check_labels, loss_labels
 
 Streams = tuple[torch.Tensor, torch.Tensor]
 
@@ -334,7 +334,7 @@ class RevNetForImageClassification(RevNetPreTrainedModel):
     def compute_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The loss of `config.problem_type`, after checking that the labels fit the model."""
         check_labels(labels, logits, self.config)
-        return self.loss_function(labels, logits, self.config)
+        return self.loss_function(loss_labels(labels, logits, self.config), logits, self.config)
 
     def forward(
         self,

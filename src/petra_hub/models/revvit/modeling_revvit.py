@@ -27,7 +27,7 @@ from transformers.modeling_outputs import (
 )
 
 from .configuration_revvit import RevViTConfig
-from .loading_checks import CheckedLoadingMixin, check_labels
+from .loading_checks import CheckedLoadingMixin, check_labels, loss_labels
 
 Streams = tuple[torch.Tensor, torch.Tensor]
 
@@ -278,7 +278,7 @@ class RevViTForImageClassification(RevViTPreTrainedModel):
 
     def compute_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         check_labels(labels, logits, self.config)
-        return self.loss_function(labels, logits, self.config)
+        return self.loss_function(loss_labels(labels, logits, self.config), logits, self.config)
 
     def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None,
                 output_hidden_states: bool | None = None, return_dict: bool | None = None,
