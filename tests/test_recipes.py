@@ -551,3 +551,23 @@ def test_a_missing_local_hub_id_is_named():
 
     with pytest.raises(FileNotFoundError, match=r"'./nope' is a local path, but there is no such file or folder"):
         load_image_dataset("cifar10", "train", hub_id="./nope")
+
+
+def test_a_pretrained_processor_that_crops_is_followed_in_evaluation(tmp_path, datasets_cache):
+    """A processor of ImageNet's kind (shorter side 24, then the centre 16) trained and evaluated at 24 x 24, while
+    the saved processor, used at inference, crops 16: evaluation did not prepare images as inference does."""
+    from transformers import BitImageProcessor, ViTImageProcessor
+
+    from petra_hub.training.recipe_data import DataArguments, load_data
+
+    folder = str(write_digits_dataset(tmp_path / "digits-hf"))
+    cropping = BitImageProcessor(size={"shortest_edge": 24}, crop_size={"height": 16, "width": 16},
+                                 do_center_crop=True)
+    data = load_data(DataArguments(dataset_name=folder), seed=0, splits={"train", "eval"}, processor=cropping)
+    assert data.image_size == 16 and data.eval[0]["pixel_values"].shape == (3, 16, 16)
+    assert data.train[0]["pixel_values"].shape == (3, 16, 16)
+    steps = data.eval.format["format_kwargs"]["transform"].transform.transforms
+    assert steps[0].size == [24] and steps[1].size == (16, 16)  # the shorter side to 24, then the centre 16
+    squashing = ViTImageProcessor(size={"height": 20, "width": 20})  # ViT's: resized to 20 x 20, no crop
+    vit = load_data(DataArguments(dataset_name=folder), seed=0, splits={"eval"}, processor=squashing)
+    assert vit.image_size == 20 and vit.eval[0]["pixel_values"].shape == (3, 20, 20)

@@ -231,15 +231,30 @@ class ImageClassificationCollator:
         return collate_image_batch(items)  # refuses float labels rather than truncating them
 
 
-def image_transforms(size: int, mean, std) -> tuple[Callable, Callable]:
-    """(train, eval) torchvision transforms from PIL images to normalised float tensors [3, size, size]."""
+def image_transforms(size: int, mean, std, resize: int | tuple[int, int] | None = None) -> tuple[Callable, Callable]:
+    """(train, eval) torchvision transforms from PIL images to normalised float tensors [3, size, size]. Evaluation
+    resizes to `resize` (the shorter side, or (height, width); default `size`), then crops the centre `size`."""
     from torchvision.transforms import v2
 
     to_tensor = [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean=list(mean), std=list(std)),
                  v2.ToPureTensor()]
     train = v2.Compose([v2.RandomResizedCrop(size), v2.RandomHorizontalFlip(), *to_tensor])
-    evaluate = v2.Compose([v2.Resize(size), v2.CenterCrop(size), *to_tensor])
+    evaluate = v2.Compose([v2.Resize(resize or size), v2.CenterCrop(size), *to_tensor])
     return train, evaluate
+
+
+def processor_geometry(processor) -> tuple[int, int | tuple[int, int]] | None:
+    """(size the model sees, what evaluation resizes to) as a pretrained image processor prepares an image: resize
+    the shorter side then crop the centre (ImageNet's 256 then 224), or resize to (height, width) (ViT's); None
+    when it says neither."""
+    sizes, crop = getattr(processor, "size", None) or {}, getattr(processor, "crop_size", None) or {}
+    resize = sizes.get("shortest_edge") or (
+        (sizes["height"], sizes["width"]) if sizes.get("height") and sizes.get("width") else None)
+    if resize is None:
+        return None
+    if getattr(processor, "do_center_crop", False) and crop.get("height"):
+        return crop["height"], resize
+    return (resize if isinstance(resize, int) else resize[0]), resize
 
 
 def load_data(args: DataArguments, *, seed: int, splits: set[str], processor=None) -> RecipeData:
@@ -363,17 +378,18 @@ def _load_datasets(args: DataArguments, seed: int, splits: set[str], processor) 
     data = data.cast_column(image_column, datasets.Image(decode=False))  # decoded by ApplyTransform, which names files
 
     if args.image_size:
-        size = args.image_size
-    elif processor is not None and getattr(processor, "size", None):
-        size = processor.size.get("shortest_edge") or processor.size.get("height")
+        size = resize = args.image_size
+    elif processor is not None and (geometry := processor_geometry(processor)) is not None:
+        size, resize = geometry
     else:
-        size = _inferred_size(data[names["train"] or eval_split or next(iter(data))][0][image_column], image_column)
+        size = resize = _inferred_size(data[names["train"] or eval_split or next(iter(data))][0][image_column],
+                                       image_column)
     mean, std = normalisation(processor)
     name = os.path.basename(os.path.normpath(args.dataset_name or args.train_dir or args.validation_dir))
     if processor is None:
         info = DatasetInfo(name, len(label_names), size, 3, tuple(mean), tuple(std), tuple(label_names))
         processor = image_processor_for(info, shorter_side=size)  # as `image_transforms` evaluates
-    train_transform, eval_transform = image_transforms(size, mean, std)
+    train_transform, eval_transform = image_transforms(size, mean, std, resize)
 
     def select(split: str, transform, limit: int | None):
         if split not in splits:
