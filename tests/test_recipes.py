@@ -571,3 +571,17 @@ def test_a_pretrained_processor_that_crops_is_followed_in_evaluation(tmp_path, d
     squashing = ViTImageProcessor(size={"height": 20, "width": 20})  # ViT's: resized to 20 x 20, no crop
     vit = load_data(DataArguments(dataset_name=folder), seed=0, splits={"eval"}, processor=squashing)
     assert vit.image_size == 20 and vit.eval[0]["pixel_values"].shape == (3, 20, 20)
+
+
+def test_split_folders_are_named_after_the_folder_above_them_and_a_missing_model_folder_is_named(tmp_path):
+    """--train_dir data/flowers/train named the data set "train" (card, outputs/revnet18-train-petra)."""
+    from petra_hub.training.recipe_data import DataArguments
+
+    assert DataArguments(train_dir="data/flowers/train/").set_name == "flowers"
+    assert DataArguments(dataset_name="uoft-cs/cifar10").set_name == "cifar10"
+    assert DataArguments(dataset_name="./my_images").set_name == "my_images" and DataArguments().set_name == "digits"
+    _, _, args = recipe.parse(["--train_dir", "data/flowers/train"])
+    assert args.output_dir == "outputs/revnet18-flowers-petra"
+    with pytest.raises(FileNotFoundError, match=r"--model_name_or_path '\./no/such/model' is a local path, but there "
+                                                r"is no such folder"):
+        recipe.prepare(["--model_name_or_path", "./no/such/model", "--output_dir", str(tmp_path)])

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from transformers import set_seed
 
+from ..data.sources.hub import names_a_missing_path
 from ..models.families import FAMILIES, family_of_model_type, family_of_preset
 from .recipe_arguments import ModelArguments, RecipeTrainingArguments, build_parser, parse, resolve_checkpoint
 from .recipe_data import DataArguments, RecipeData, load_data
@@ -52,6 +53,10 @@ def pretrained_config(model_args: ModelArguments):
     """The configuration of `--model_name_or_path`; a ValueError unless petra_hub knows its family."""
     from transformers import AutoConfig
 
+    if names_a_missing_path(model_args.model_name_or_path):
+        raise FileNotFoundError(f"--model_name_or_path {model_args.model_name_or_path!r} is a local path, but there is "
+                                "no such folder: expected a save_pretrained folder (config.json, model.safetensors) or "
+                                "a Hub model id")
     config = AutoConfig.from_pretrained(model_args.model_name_or_path)
     if family_of_model_type(getattr(config, "model_type", None)) is None:
         raise ValueError(

@@ -277,10 +277,8 @@ def parse(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments,
 
 def default_output_dir(model_args: ModelArguments, data_args: DataArguments, args: PetraTrainingArguments) -> str:
     """outputs/<model>-<data>-<mode>, e.g. outputs/revnet18-digits-petra (the default run's)."""
-    model = model_args.model_name_or_path or model_args.model
-    data = data_args.dataset_name or data_args.train_dir or data_args.dataset
-    name = "-".join(os.path.basename(os.path.normpath(str(part))) for part in (model, data))
-    return f"outputs/{name}-{args.petra_mode}"
+    model = os.path.basename(os.path.normpath(str(model_args.model_name_or_path or model_args.model)))
+    return f"outputs/{model}-{data_args.set_name}-{args.petra_mode}"
 
 
 def check_architecture_flags(values: dict) -> None:

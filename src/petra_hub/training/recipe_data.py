@@ -45,6 +45,8 @@ __all__ = [
 IMAGE_COLUMNS = ("image", "img")  # tried, in order, when --image_column_name is left at its default and is absent
 LABEL_COLUMNS = ("label", "labels", "fine_label")
 EVAL_SPLITS = ("validation", "val", "valid", "test")
+SPLIT_FOLDER_NAMES = ("train", "training", "val", "valid", "validation", "test", "eval")  # not the data's name
+
 # The most pixels on a side taken from the first image without --image_size (as transformers' example's default
 # processor, 224): one large image sorted first would otherwise set the size of every item.
 MAX_INFERRED_SIZE = 224
@@ -134,6 +136,19 @@ class DataArguments:
         if changed:
             raise ValueError(f"--{changed[0]} applies to a `datasets` set (--dataset_name, --train_dir); the built-in "
                              f"{name} has its own columns, splits and image size ({spec.info.image_size} pixels)")
+
+    @property
+    def set_name(self) -> str:
+        """What the run calls its data (the card, the default output folder): a built-in set's name, a Hub id's
+        last part, or a local folder's name (the folder above it for a split folder such as train/ or val/)."""
+        where = self.dataset_name or self.train_dir or self.validation_dir
+        if not where:
+            return self.dataset
+        path = os.path.normpath(os.path.expanduser(str(where)))
+        name = os.path.basename(path)
+        if name.lower() in SPLIT_FOLDER_NAMES and os.path.basename(os.path.dirname(path)):
+            name = os.path.basename(os.path.dirname(path))
+        return name
 
     @property
     def uses_datasets(self) -> bool:
@@ -385,7 +400,7 @@ def _load_datasets(args: DataArguments, seed: int, splits: set[str], processor) 
         size = resize = _inferred_size(data[names["train"] or eval_split or next(iter(data))][0][image_column],
                                        image_column)
     mean, std = normalisation(processor)
-    name = os.path.basename(os.path.normpath(args.dataset_name or args.train_dir or args.validation_dir))
+    name = args.set_name
     if processor is None:
         info = DatasetInfo(name, len(label_names), size, 3, tuple(mean), tuple(std), tuple(label_names))
         processor = image_processor_for(info, shorter_side=size)  # as `image_transforms` evaluates
