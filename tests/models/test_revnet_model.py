@@ -218,6 +218,7 @@ def test_trust_remote_code_loads_without_petra_hub(saved, tmp_path):
     config = json.loads((folder / "config.json").read_text())
     assert config["auto_map"] == {
         "AutoConfig": "configuration_revnet.RevNetConfig",
+        "AutoModel": "modeling_revnet.RevNetModel",
         "AutoModelForImageClassification": "modeling_revnet.RevNetForImageClassification",
     }
     assert (folder / "modeling_revnet.py").is_file() and (folder / "configuration_revnet.py").is_file()

@@ -35,6 +35,17 @@ class CheckedLoadingMixin:
             warnings.warn(f"{cls.__name__}.from_pretrained: non-finite values (NaN or inf) in {shown}", stacklevel=2)
         return loaded
 
+    def save_pretrained(self, *args, **kwargs):
+        """transformers' `save_pretrained`; a classifier saved with its code (`trust_remote_code` folders) also maps
+        "AutoModel" to its base model's class in config.json's `auto_map`, so that `AutoModel.from_pretrained(folder,
+        trust_remote_code=True)` loads the backbone without petra_hub."""
+        base = getattr(self, "base_model", self)
+        if self._auto_class is not None and base is not self and self._auto_class != "AutoModel":
+            module = type(base).__module__.split(".")[-1]
+            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}),
+                                    "AutoModel": f"{module}.{type(base).__name__}"}
+        return super().save_pretrained(*args, **kwargs)
+
 
 def non_finite_tensors(module: torch.nn.Module) -> list[str]:
     """The names of the floating-point parameters and buffers of `module` holding NaN or infinity (meta tensors have
