@@ -102,10 +102,18 @@ def test_error_imagenet32_bad_labels_and_archive(tmp_path):
 
 
 def test_meta_file_with_odd_label_names(tmp_path):
-    # names that are not text, or not UTF-8, never stop loading: defaults, or replaced bytes
+    # names that are not text, or too few, or not UTF-8, never stop loading: defaults (with a warning naming the
+    # file: before, silently), or replaced bytes
     _write_cifar10(str(tmp_path), np.random.default_rng(10))
     meta = tmp_path / "cifar-10-batches-py" / "batches.meta"
-    _write(str(meta), _py2_pickle({"label_names": [1.5] * 10}))
-    assert load_image_dataset("cifar10", "test", data_dir=str(tmp_path)).info.label_names[0] == "airplane"
+    for names, shown in (([1.5] * 10, "10 entries"), ([b"cat"] * 9, "9 entries"), (None, "None")):
+        _write(str(meta), _py2_pickle({"label_names": names}))
+        with pytest.warns(UserWarning, match=rf"batches.meta: 'label_names' should hold the 10 class names as text, "
+                                             rf"holds {shown}; the class names of cifar10 are used instead"):
+            loaded = load_image_dataset("cifar10", "test", data_dir=str(tmp_path))
+        assert loaded.info.label_names[0] == "airplane"
+    _write(str(meta), b"not a pickle")
+    with pytest.raises(ValueError, match="batches.meta: not a readable pickle of a dict with 'label_names'"):
+        load_image_dataset("cifar10", "test", data_dir=str(tmp_path))
     _write(str(meta), pickle.dumps({"label_names": [b"caf\xe9"] + [b"n"] * 9}))
     assert load_image_dataset("cifar10", "test", data_dir=str(tmp_path)).info.label_names[0] == "caf\ufffd"

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Sequence
 
@@ -162,11 +163,16 @@ class CifarBatches:
             spec, ((raw[f][0], unpickle(raw[f][1], raw[f][0])) for f in wanted),
             self.label_key, 0, self.max_rows)
         if self.meta_file in raw:
-            names = unpickle(raw[self.meta_file][1], raw[self.meta_file][0]).get(self.names_key)
+            where = raw[self.meta_file][0]
+            names = unpickle(raw[self.meta_file][1], where, f"{self.names_key!r}").get(self.names_key)
             if isinstance(names, (list, tuple)) and len(names) == info.num_labels \
                     and all(isinstance(n, (str, bytes)) for n in names):
                 info = replace(info, label_names=tuple(
                     n.decode("utf-8", "replace") if isinstance(n, bytes) else n for n in names))
+            else:  # the names are only names: the data loads with the registry's
+                shown = f"{len(names)} entries" if isinstance(names, (list, tuple)) else repr(names)[:60]
+                warnings.warn(f"{where}: {self.names_key!r} should hold the {info.num_labels} class names as text, "
+                              f"holds {shown}; the class names of {info.name} are used instead", stacklevel=2)
         return source, labels, info
 
 

@@ -382,14 +382,15 @@ class _RestrictedUnpickler(pickle.Unpickler):
             raise pickle.UnpicklingError(f"global {module}.{name} is not allowed") from None
 
 
-def unpickle(raw: bytes, where: str) -> dict:
-    """The dict pickled in ``raw`` (bytes keys decoded); ValueError naming ``where`` if not."""
+def unpickle(raw: bytes, where: str, holding: str = "'data' and labels") -> dict:
+    """The dict pickled in ``raw`` (bytes keys decoded); ValueError naming ``where`` (and what the dict should be
+    ``holding``) if not."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             obj = _RestrictedUnpickler(io.BytesIO(raw), encoding="latin1").load()
     except Exception as exc:  # noqa: BLE001 - any failure means a bad file
-        raise ValueError(f"{where}: not a readable pickle of a dict with 'data' and labels "
+        raise ValueError(f"{where}: not a readable pickle of a dict with {holding} "
                          f"({type(exc).__name__}: {exc})") from None
     if not isinstance(obj, dict):
         raise ValueError(f"{where}: expected a pickled dict, got {type(obj).__name__}")
