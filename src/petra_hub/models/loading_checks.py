@@ -38,7 +38,7 @@ class CheckedLoadingMixin:
     def save_pretrained(self, *args, **kwargs):
         """transformers' `save_pretrained`; a classifier saved with its code (`trust_remote_code` folders) also maps
         "AutoModel" to its base model's class in config.json's `auto_map`, so that `AutoModel.from_pretrained(folder,
-        trust_remote_code=True)` loads the backbone without petra_hub."""
+        trust_remote_code=True)` loads the backbone from the saved code alone."""
         base = getattr(self, "base_model", self)
         if self._auto_class is not None and base is not self and self._auto_class != "AutoModel":
             module = type(base).__module__.split(".")[-1]
