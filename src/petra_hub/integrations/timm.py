@@ -64,7 +64,8 @@ class TimmRevNet(TimmWrapper):
     stem = "embedder"
     # Arguments of RevNetConfig that the timm arguments replace, and those taken.
     renamed = {"num_labels": "num_classes", "num_channels": "in_chans", "block_type": "the preset name"}
-    config_arguments = frozenset(inspect.signature(RevNetConfig.__init__).parameters) - {"self", "kwargs", *renamed}
+    config_arguments = (frozenset(inspect.signature(RevNetConfig.__init__).parameters)
+                        - {"self", "kwargs", "preset", *renamed})  # the model name is the preset
 
     def __init__(
         self,

@@ -258,6 +258,10 @@ def build(
     `cfg_defaults` describe this instance (e.g. its input size) unless the caller's pretrained_cfg_overlay says."""
     if kwargs.pop("features_only", False):
         raise NotImplementedError(f"{variant} does not support features_only; use forward_features instead")
+    if "preset" in kwargs:  # the model name is the preset: a second one collided in build_model_with_cfg's call
+        raise TypeError(f"{model_cls.__name__} got an unexpected keyword argument 'preset' ({kwargs['preset']!r}): "
+                        f"the model name ({variant!r}) is the preset; expected no preset argument (create the "
+                        f"model of that name instead)")
     overlay = kwargs.pop("pretrained_cfg_overlay", None)
     if cfg_defaults:
         overlay = {**cfg_defaults, **(overlay or {})}
