@@ -217,3 +217,24 @@ def test_the_trainer_checks_the_labels_the_models_loss_checks(dtype, problem_typ
     inferred = problem_type is None and num_labels > 1 and dtype in (torch.int64, torch.int32)
     assert refused == (not dtype.is_floating_point and (problem_type == "single_label_classification" or inferred))
     assert outcomes[1] == outcomes[0] or dtype == torch.float32 and num_labels == 10, outcomes
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device (CUDA) beside the CPU")
+def test_non_finite_tensors_of_a_model_on_several_devices():
+    """Weights on several devices (device_map="auto"): torch.stack of the per-tensor flags raised 'Expected all
+    tensors to be on the same device'; the flags are now reduced per device."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).cuda())
+    assert shared.non_finite_tensors(model) == []
+    with torch.no_grad():
+        model[1].bias[0] = float("nan")
+    assert shared.non_finite_tensors(model) == ["1.bias"]
+
+
+def test_non_finite_tensors_reduces_per_device_on_the_cpu():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2, dtype=torch.float64))
+    model.register_buffer("steps", torch.zeros(3, dtype=torch.long))  # not floating point: not checked
+    assert shared.non_finite_tensors(model) == []
+    with torch.no_grad():
+        model[0].weight[1, 0] = float("inf")
+        model[1].bias[0] = float("nan")
+    assert shared.non_finite_tensors(model) == ["0.weight", "1.bias"]

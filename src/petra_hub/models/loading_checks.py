@@ -54,7 +54,10 @@ def non_finite_tensors(module: torch.nn.Module) -> list[str]:
         (name, tensor) for name, tensor in chain(module.named_parameters(), module.named_buffers())
         if tensor.is_floating_point() and tensor.device.type != "meta"
     ]
-    if not named or bool(torch.stack([torch.isfinite(t).all() for _, t in named]).all()):  # one device sync
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for _, tensor in named:  # one reduction and one sync per device (a model may be spread over several)
+        by_device.setdefault(tensor.device, []).append(torch.isfinite(tensor).all())
+    if all(bool(torch.stack(flags).all()) for flags in by_device.values()):
         return []
     return [name for name, tensor in named if not bool(torch.isfinite(tensor).all())]
 
