@@ -63,3 +63,22 @@ def test_in_chans_1_from_a_3_channel_file_sums_the_first_convolution(family, ste
     assert torch.allclose(weight[:, 0], base.get_submodule(first).weight.sum(1))
     assert model.pretrained_cfg["input_size"][0] == 3  # the file's channels, from which timm adapted the conv
     assert model.config.num_channels == 1
+
+
+@pytest.mark.parametrize("family", ["revnet18", "revvit_tiny"])
+def test_weights_of_another_architecture_name_the_arguments_its_config_json_holds(family, tmp_path):
+    """Loading a saved folder without its architecture arguments listed every tensor that did not fit (~100 lines);
+    now one line naming the arguments of its config.json, and the call it gives loads the weights exactly."""
+    model, _, overlay = bare_file(family, tmp_path)
+    with pytest.raises(RuntimeError) as refused:
+        timm.create_model(family, pretrained=True, num_classes=0, pretrained_cfg_overlay=overlay)
+    message = str(refused.value)
+    assert "size mismatch" not in message and message.count("\n") == 0
+    assert f"are of another architecture than {family} with its preset" in message
+    saved = message.split("pretrained_cfg_overlay=dict(file=...), ")[1][:-1]
+    expected = REVNET if family == "revnet18" else REVVIT
+    assert all(f"{name}={value!r}" in saved for name, value in expected.items()), saved
+    arguments = eval(f"dict({saved})")  # the call the message gives
+    loaded = timm.create_model(family, pretrained=True, num_classes=0, pretrained_cfg_overlay=overlay, **arguments)
+    features = model(IMAGES).pooler_output
+    assert torch.equal(loaded.eval()(IMAGES), features.flatten(1))

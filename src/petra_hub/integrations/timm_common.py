@@ -8,6 +8,7 @@ weights written by the transformers model, its base model or the timm model itse
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Callable
 
@@ -267,12 +268,46 @@ def build(
         overlay = {**cfg_defaults, **(overlay or {})}
     if pretrained:
         overlay = prepare_pretrained(variant, kwargs.get("pretrained_cfg"), overlay, architecture)
-    return build_model_with_cfg(
-        model_cls,
-        variant,
-        pretrained,
-        pretrained_cfg_overlay=overlay,
-        pretrained_filter_fn=filter_fn,
-        preset=variant,
-        **kwargs,
-    )
+    try:
+        return build_model_with_cfg(
+            model_cls,
+            variant,
+            pretrained,
+            pretrained_cfg_overlay=overlay,
+            pretrained_filter_fn=filter_fn,
+            preset=variant,
+            **kwargs,
+        )
+    except RuntimeError as error:  # load_state_dict's list of every tensor that does not fit, a hundred lines
+        file = (overlay or {}).get("file")
+        if not (pretrained and file and "size mismatch" in str(error)):
+            raise
+        given = {name: value for name, value in kwargs.items() if name in model_cls.config_arguments}
+        taken = model_cls.config_arguments | set(model_cls.timm_arguments)
+        try:  # the configuration of the model the weights did not fit (built again: this is the error's path)
+            built = model_cls(preset=variant, **{name: value for name, value in kwargs.items() if name in taken})
+        except Exception:  # noqa: BLE001 - only the hint is lost
+            built = None
+        saved = saved_architecture(file, built.model.config.to_dict() if built is not None else None,
+                                   model_cls.config_arguments)
+        hint = (f"; its config.json says {', '.join(f'{name}={value!r}' for name, value in saved.items())}: "
+                f"timm.create_model({variant!r}, pretrained=True, pretrained_cfg_overlay=dict(file=...), "
+                f"{', '.join(f'{name}={value!r}' for name, value in saved.items())})") if saved else ""
+        raise RuntimeError(f"the weights in {file} are of another architecture than {variant} with "
+                           f"{given or 'its preset'}: pass the saved model's architecture arguments ({architecture})"
+                           f"{hint}") from None
+
+
+def saved_architecture(file: str, built: dict | None, config_arguments) -> dict:
+    """The architecture arguments of the config.json saved beside `file` (or in it, a folder) that differ from the
+    `built` configuration ({} without a readable config.json or a built configuration)."""
+    folder = file if os.path.isdir(file) else os.path.dirname(file)
+    try:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as handle:
+            saved = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(saved, dict) or built is None:
+        return {}
+    return {name: saved[name] for name in sorted(config_arguments)
+            if name in saved and saved[name] != built.get(name)}
