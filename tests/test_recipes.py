@@ -226,8 +226,10 @@ def test_a_config_value_of_the_wrong_type_is_refused_naming_the_file_and_key(tmp
 def test_config_values_the_fields_take_are_read_as_their_types(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text("max_train_samples: 10.0\nlearning_rate: 5e-4\nlr_scheduler_kwargs: {min_lr: 0.001}\n"
-                      "report_to: [none]\ndo_train: true\nhidden_sizes: 8,8,16,16\n")
+                      "report_to: [none]\ndo_train: true\nhidden_sizes: 8,8,16,16\n"
+                      "optim_args: [momentum=0.8, nesterov=True]\n")
     model_args, data_args, args = recipe.parse([str(config)])
+    assert args.optim_args == "momentum=0.8,nesterov=True"  # a list of a comma-separated flag's items, joined
     assert data_args.max_train_samples == 10 and type(data_args.max_train_samples) is int
     assert args.learning_rate == 5e-4 and args.lr_scheduler_kwargs == {"min_lr": 0.001} and args.do_train
     assert model_args.hidden_sizes == "8,8,16,16"

@@ -224,14 +224,17 @@ def _admits(hint, container: type) -> bool:
 
 
 def _file_value(path: str, key: str, value, action: argparse.Action, hint):
-    """A config file's `value` for `--key` as the flag reads it (YAML reads 5e-4 as a string, and 5,5 may come as a
-    number); anything the field cannot take is a ValueError naming the file and key, before anything runs."""
+    """A config file's `value` for `--key` as the flag reads it (YAML reads 5e-4 as a string, 5,5 may come as a
+    number, and a list of a comma-separated flag's items is joined); anything the field cannot take is a ValueError
+    naming the file and key, before anything runs."""
     def refused(expected: str) -> ValueError:
         return ValueError(f"{path}: {key}: {value!r} is not {expected}")
 
     if isinstance(value, (dict, list)):
         if action.nargs in ("+", "*") and isinstance(value, list) or _admits(hint, type(value)):
             return value
+        if isinstance(value, list) and action.type is str and all(isinstance(v, (str, int, float)) for v in value):
+            return ",".join(map(str, value))  # a comma-separated flag (hidden_sizes: [8, 16], optim_args)
         raise refused(f"a single {getattr(action.type, '__name__', 'value')}")
     if value is None:
         return value
