@@ -1,20 +1,23 @@
 """Checks every petra_hub model family runs when it loads a saved model (a clear error for a missing or malformed
-config.json, a warning naming the weights or statistics that hold NaN or infinity) and on the labels of its loss.
+config.json, a warning naming the weights or statistics that hold NaN or infinity), on the labels of its loss, and on
+the values of its configuration (plain integers for sizes, the class cap, the problem types).
 
 One file for all families: `revnet/loading_checks.py` and `revvit/loading_checks.py` are links to this file, and
-each modeling file imports it relatively (`from .loading_checks import ...`). `save_pretrained` copies a modeling
-file's relative imports next to the checkpoint, so `trust_remote_code=True` users run the same checks without
+each modeling and configuration file imports it relatively (`from .loading_checks import ...`). `save_pretrained`
+copies their relative imports next to the checkpoint, so `trust_remote_code=True` users run the same checks without
 petra_hub: this file may import only the standard library, torch and transformers.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 from itertools import chain
 
 import torch
+from transformers import PretrainedConfig
 
 
 class CheckedLoadingMixin:
@@ -133,3 +136,58 @@ def class_indices(labels: torch.Tensor, num_labels: int | None, problem_type: st
         return None
     counted = labels[labels != IGNORE_INDEX]
     return counted if counted.numel() else None
+
+
+# -- the values of a configuration (both families' configuration files import these) ---------------------------------
+MAX_LABELS = 100_000  # classes a configuration may ask for
+PROBLEM_TYPES = (None, "regression", "single_label_classification", "multi_label_classification")
+
+
+def plain_count(value) -> int | None:
+    """A size given as a plain integer (bools and floats excluded), else None: other values are the configuration's
+    `validate_architecture`'s to name."""
+    return value if type(value) is int else None
+
+
+def is_integer(value) -> bool:
+    return type(value) is int  # bools (True == 1) and floats (8.0) are not sizes: they would pass `isinstance`
+
+
+def is_real(value) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def check_num_labels(value, name: str) -> None:
+    """num_labels as given (PretrainedConfig keeps only id2label, whose length a negative count makes 0)."""
+    if not is_integer(value) or value < 1:
+        raise ValueError(f"Invalid {name}: num_labels must be a positive integer (the number of classes), got "
+                         f"{value!r}")
+    if value > MAX_LABELS:
+        raise ValueError(f"Invalid {name}: num_labels makes {value:,} classes, more than the cap of {MAX_LABELS:,}")
+
+
+def check_label_count(kwargs: dict, name: str) -> int:
+    """The number of classes `kwargs` (PretrainedConfig's) asks for, id2label's entries else num_labels (2, its
+    default, when neither says), refused beyond MAX_LABELS before anything is built from it."""
+    id2label = kwargs.get("id2label")
+    labels = len(id2label) if isinstance(id2label, dict) else plain_count(kwargs.get("num_labels"))
+    if labels is not None and labels > MAX_LABELS:
+        key = "id2label" if isinstance(id2label, dict) else "num_labels"
+        raise ValueError(f"Invalid {name}: {key} makes {labels:,} classes, more than the cap of {MAX_LABELS:,}")
+    return 2 if labels is None else labels
+
+
+class CheckedNumLabelsMixin:
+    """Put before `PretrainedConfig` in a configuration's bases: `num_labels` is checked as given (`check_num_labels`),
+    where PretrainedConfig builds id2label from range(value), which a negative count leaves empty (reported as 0) and
+    a bool or a float would reach unchecked."""
+
+    @property
+    def num_labels(self) -> int | None:
+        """The number of classes: id2label's entries (PretrainedConfig's rule)."""
+        return PretrainedConfig.num_labels.fget(self)
+
+    @num_labels.setter
+    def num_labels(self, value) -> None:
+        check_num_labels(value, type(self).__name__)
+        PretrainedConfig.num_labels.fset(self, value)

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-import math
-
 from transformers import PretrainedConfig
+
+from .loading_checks import (
+    CheckedNumLabelsMixin,
+    PROBLEM_TYPES,
+    check_label_count,
+    check_num_labels,
+    is_integer,
+    is_real,
+    plain_count,
+)
 
 BLOCK_TYPES = ("basic", "bottleneck")
 STEMS = ("cifar", "imagenet")
@@ -12,7 +20,6 @@ DOWNSAMPLINGS = ("buffered", "invertible")
 # Caps checked before anything is built from a configuration (a config.json can claim any size): the classes (as
 # petra_hub.data.sources.MAX_CLASSES; this file imports nothing of petra_hub), the layers, the blocks of all layers
 # and the parameters the sizes make together (8 GB of float32 weights; the paper's largest RevNet has 55 million).
-MAX_LABELS = 100_000
 MAX_LAYERS = 64
 MAX_BLOCKS = 10_000
 MAX_PARAMETERS = 2_000_000_000
@@ -59,57 +66,16 @@ def canonical_preset(name: str) -> str | None:
     return key if key in PRESETS else None
 
 
-PROBLEM_TYPES = (None, "regression", "single_label_classification", "multi_label_classification")
-
-
-def _count(value) -> int | None:
-    """A size given as a plain integer (bools and floats excluded), else None: other values are
-    validate_architecture's."""
-    return value if type(value) is int else None
-
-
-def _is_integer(value) -> bool:
-    return type(value) is int  # bools (True == 1) and floats (8.0) are not sizes: they would pass `isinstance`
-
-
-def _is_real(value) -> bool:
-    return type(value) in (int, float) and math.isfinite(value)
-
-
-def check_num_labels(value, name: str) -> None:
-    """num_labels as given (PretrainedConfig keeps only id2label, whose length a negative count makes 0)."""
-    if not _is_integer(value) or value < 1:
-        raise ValueError(f"Invalid {name}: num_labels must be a positive integer (the number of classes), got "
-                         f"{value!r}")
-    if value > MAX_LABELS:
-        raise ValueError(f"Invalid {name}: num_labels makes {value:,} classes, more than the cap of {MAX_LABELS:,}")
-
-
 def _counts(values) -> list[int] | None:
     if not isinstance(values, (list, tuple)) or len(values) > MAX_LAYERS:
         return None
-    counts = [_count(value) for value in values]
+    counts = [plain_count(value) for value in values]
     return None if None in counts else [max(count, 0) for count in counts]
 
 
 def _as_list(values):
     """A list of per-layer values from a list or tuple; anything else is kept for validate_architecture to name."""
     return list(values) if isinstance(values, (list, tuple)) else values
-
-
-def label_count(kwargs: dict) -> int | None:
-    """The number of classes `kwargs` (PretrainedConfig's) asks for: id2label's entries, else num_labels."""
-    id2label = kwargs.get("id2label")
-    return len(id2label) if isinstance(id2label, dict) else _count(kwargs.get("num_labels"))
-
-
-def check_label_count(kwargs: dict, name: str) -> int:
-    labels = label_count(kwargs)
-    if labels is not None and labels > MAX_LABELS:
-        key = "id2label" if isinstance(kwargs.get("id2label"), dict) else "num_labels"
-        raise ValueError(f"Invalid {name}: {key} makes {labels:,} classes, more than the cap of "
-                         f"{MAX_LABELS:,}")
-    return 2 if labels is None else labels
 
 
 def check_sizes(block_type, depths, hidden_sizes, embedding_size, stem, num_channels, downsampling, layer_strides,
@@ -127,7 +93,7 @@ def check_sizes(block_type, depths, hidden_sizes, embedding_size, stem, num_chan
         raise ValueError(f"Invalid RevNetConfig: depths {depths} make {sum(depths):,} blocks, more than the cap of "
                          f"{MAX_BLOCKS:,}")
     strides = _counts(([1] + [2] * (len(depths) - 1) if depths else []) if layer_strides is None else layer_strides)
-    sizes = (_count(embedding_size), _count(num_channels))
+    sizes = (plain_count(embedding_size), plain_count(num_channels))
     if None in (depths, widths, strides, *sizes) or not len(depths) == len(widths) == len(strides):
         return  # validate_architecture names what is wrong, then checks the estimate of what it accepted
     check_parameters(block_type, depths, widths, max(sizes[0], 0), stem, max(sizes[1], 0), downsampling, strides,
@@ -174,7 +140,7 @@ def estimated_parameters(block_type, depths, hidden_sizes, embedding_size, stem,
     return total + 2 * width * num_labels
 
 
-class RevNetConfig(PretrainedConfig):
+class RevNetConfig(CheckedNumLabelsMixin, PretrainedConfig):
     r"""Configuration of a two-stream reversible ResNet.
 
     Args:
@@ -260,35 +226,35 @@ class RevNetConfig(PretrainedConfig):
             f"depths ({len(self.depths)}), hidden_sizes ({len(self.hidden_sizes)}) and layer_strides "
             f"({len(self.layer_strides)}) must have one entry per layer",
         )
-        check(all(_is_integer(d) and d >= 1 for d in self.depths),
+        check(all(is_integer(d) and d >= 1 for d in self.depths),
               f"depths must be positive integers, got {self.depths}")
         check(sum(self.depths) <= MAX_BLOCKS,
               f"depths {self.depths} make {sum(self.depths):,} blocks, more than the cap of {MAX_BLOCKS:,}")
         check(
-            all(_is_integer(w) and w >= 1 for w in self.hidden_sizes),
+            all(is_integer(w) and w >= 1 for w in self.hidden_sizes),
             f"hidden_sizes must be positive integers, got {self.hidden_sizes}",
         )
-        check(all(_is_integer(s) and s in (1, 2) for s in self.layer_strides),
+        check(all(is_integer(s) and s in (1, 2) for s in self.layer_strides),
               f"layer_strides must be 1 or 2 (integers), got {self.layer_strides}")
         if self.block_type == "bottleneck":
             check(
                 all(w % 4 == 0 for w in self.hidden_sizes),
                 f"bottleneck blocks need hidden_sizes divisible by 4, got {self.hidden_sizes}",
             )
-        check(_is_integer(self.embedding_size) and self.embedding_size >= 1,
+        check(is_integer(self.embedding_size) and self.embedding_size >= 1,
               f"embedding_size must be a positive integer, got {self.embedding_size!r}")
-        check(_is_integer(self.num_channels) and self.num_channels >= 1,
+        check(is_integer(self.num_channels) and self.num_channels >= 1,
               f"num_channels must be a positive integer, got {self.num_channels!r}")
         check_num_labels(self.num_labels, "RevNetConfig")
         check(self.problem_type in PROBLEM_TYPES, f"problem_type must be one of {PROBLEM_TYPES}, got "
                                                   f"{self.problem_type!r}")
-        check(_is_real(self.batch_norm_eps) and self.batch_norm_eps > 0,
+        check(is_real(self.batch_norm_eps) and self.batch_norm_eps > 0,
               f"batch_norm_eps must be a positive number, got {self.batch_norm_eps!r}")
-        check(self.batch_norm_momentum is None or (_is_real(self.batch_norm_momentum)
+        check(self.batch_norm_momentum is None or (is_real(self.batch_norm_momentum)
                                                    and 0 <= self.batch_norm_momentum <= 1),
               f"batch_norm_momentum must lie in [0, 1] (or be None: a cumulative average), got "
               f"{self.batch_norm_momentum!r}")
-        check(_is_real(self.initializer_range) and self.initializer_range >= 0,
+        check(is_real(self.initializer_range) and self.initializer_range >= 0,
               f"initializer_range must be a number >= 0 (a standard deviation), got {self.initializer_range!r}")
         for key, (accepted, why) in FOREIGN_KEYS.items():
             if key in vars(self):
@@ -297,18 +263,6 @@ class RevNetConfig(PretrainedConfig):
         # estimate for values it could not read, and from_pretrained sets its overrides after __init__).
         check_parameters(self.block_type, self.depths, self.hidden_sizes, self.embedding_size, self.stem,
                          self.num_channels, self.downsampling, self.layer_strides, self.num_labels)
-
-    @property
-    def num_labels(self) -> int | None:
-        """The number of classes: id2label's entries (PretrainedConfig's rule)."""
-        return PretrainedConfig.num_labels.fget(self)
-
-    @num_labels.setter
-    def num_labels(self, value) -> None:
-        # Checked as given: PretrainedConfig builds id2label from range(value), which a negative count leaves empty
-        # (reported as 0) and a bool or a float would reach unchecked.
-        check_num_labels(value, "RevNetConfig")
-        PretrainedConfig.num_labels.fset(self, value)
 
     def stream_widths(self) -> list[int]:
         """The width of each stream after each layer: hidden_sizes with buffered downsampling; with invertible

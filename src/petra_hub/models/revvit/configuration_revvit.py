@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-import math
-
 from transformers import PretrainedConfig
+
+from .loading_checks import (
+    CheckedNumLabelsMixin,
+    PROBLEM_TYPES,
+    check_label_count,
+    check_num_labels,
+    is_integer,
+    is_real,
+    plain_count,
+)
 
 # Caps checked before anything is built from a configuration (a config.json can claim any size): the classes (as
 # petra_hub.data.sources.MAX_CLASSES; this file imports nothing of petra_hub), the blocks, and the parameters the
 # sizes make together (8 GB of float32 weights; revvit-base has 87 million).
-MAX_LABELS = 100_000
 MAX_BLOCKS = 10_000
 MAX_PARAMETERS = 2_000_000_000
 
@@ -49,53 +56,22 @@ def canonical_preset(name: str) -> str | None:
     return key if key in PRESETS else None
 
 
-PROBLEM_TYPES = (None, "regression", "single_label_classification", "multi_label_classification")
-
-
-def _count(value) -> int | None:
-    """A size given as a plain integer (bools and floats excluded), else None: other values are
-    validate_architecture's."""
-    return value if type(value) is int else None
-
-
-def _is_integer(value) -> bool:
-    return type(value) is int  # bools (True == 1) and floats (8.0) are not sizes: they would pass `isinstance`
-
-
-def _is_real(value) -> bool:
-    return type(value) in (int, float) and math.isfinite(value)
-
-
-def check_num_labels(value, name: str) -> None:
-    """num_labels as given (PretrainedConfig keeps only id2label, whose length a negative count makes 0)."""
-    if not _is_integer(value) or value < 1:
-        raise ValueError(f"Invalid {name}: num_labels must be a positive integer (the number of classes), got "
-                         f"{value!r}")
-    if value > MAX_LABELS:
-        raise ValueError(f"Invalid {name}: num_labels makes {value:,} classes, more than the cap of {MAX_LABELS:,}")
-
-
 def check_sizes(image_size, patch_size, num_channels, hidden_size, num_hidden_layers, mlp_ratio, kwargs) -> None:
     """Refuse, before anything is allocated from them, sizes beyond the caps: num_labels (or id2label), the number
     of blocks, and the parameters the sizes make together (as the model builds them)."""
-    id2label = kwargs.get("id2label")
-    labels = len(id2label) if isinstance(id2label, dict) else _count(kwargs.get("num_labels"))
-    if labels is not None and labels > MAX_LABELS:
-        key = "id2label" if isinstance(id2label, dict) else "num_labels"
-        raise ValueError(f"Invalid RevViTConfig: {key} makes {labels:,} classes, more than the cap of "
-                         f"{MAX_LABELS:,}")
-    layers = _count(num_hidden_layers)
+    labels = check_label_count(kwargs, "RevViTConfig")
+    layers = plain_count(num_hidden_layers)
     if layers is not None and layers > MAX_BLOCKS:
         raise ValueError(f"Invalid RevViTConfig: num_hidden_layers={layers:,} is more than the cap of {MAX_BLOCKS:,}")
-    sizes = [_count(value) for value in (image_size, patch_size, num_channels, hidden_size, layers)]
-    intermediate = _count(kwargs.get("intermediate_size"))
+    sizes = [plain_count(value) for value in (image_size, patch_size, num_channels, hidden_size, layers)]
+    intermediate = plain_count(kwargs.get("intermediate_size"))
     if intermediate is None and sizes[3] is not None:
         ratio = 4.0 if mlp_ratio is None else mlp_ratio
-        if _is_real(ratio) and ratio > 0:  # any finite ratio: a huge one makes a huge MLP, which the estimate counts
+        if is_real(ratio) and ratio > 0:  # any finite ratio: a huge one makes a huge MLP, which the estimate counts
             intermediate = int(sizes[3] * ratio)
     if None in sizes or intermediate is None or min(*sizes, intermediate) < 1:
         return  # validate_architecture names what is wrong, then checks the estimate of what it accepted
-    check_parameters(*sizes, intermediate, 2 if labels is None else labels)
+    check_parameters(*sizes, intermediate, labels)
 
 
 def check_parameters(image_size, patch_size, num_channels, hidden_size, num_hidden_layers, intermediate_size,
@@ -122,7 +98,7 @@ def estimated_parameters(image_size, patch_size, num_channels, hidden_size, num_
             + num_hidden_layers * block + 2 * hidden_size * num_labels)
 
 
-class RevViTConfig(PretrainedConfig):
+class RevViTConfig(CheckedNumLabelsMixin, PretrainedConfig):
     r"""Configuration of a two-stream reversible vision transformer.
 
     Args:
@@ -206,7 +182,7 @@ class RevViTConfig(PretrainedConfig):
 
     @intermediate_size.setter
     def intermediate_size(self, value) -> None:
-        if not (_is_integer(value) and value >= 1 and _is_integer(self.hidden_size) and self.hidden_size >= 1):
+        if not (is_integer(value) and value >= 1 and is_integer(self.hidden_size) and self.hidden_size >= 1):
             raise ValueError(f"Invalid RevViTConfig: intermediate_size must be a positive integer (with a positive "
                              f"integer hidden_size), got {value!r} (hidden_size {self.hidden_size!r})")
         ratio = value / self.hidden_size
@@ -225,24 +201,24 @@ class RevViTConfig(PretrainedConfig):
         for name in ("image_size", "patch_size", "num_channels", "hidden_size", "num_hidden_layers",
                      "num_attention_heads"):
             value = getattr(self, name)
-            check(_is_integer(value) and value >= 1, f"{name} must be a positive integer, got {value!r}")
+            check(is_integer(value) and value >= 1, f"{name} must be a positive integer, got {value!r}")
         check(self.num_hidden_layers <= MAX_BLOCKS,
               f"num_hidden_layers={self.num_hidden_layers:,} is more than the cap of {MAX_BLOCKS:,}")
         check(self.image_size % self.patch_size == 0,
               f"image_size {self.image_size} must be a multiple of patch_size {self.patch_size}")
         check(self.hidden_size % self.num_attention_heads == 0,
               f"hidden_size {self.hidden_size} must be divisible by num_attention_heads {self.num_attention_heads}")
-        check(_is_real(self.mlp_ratio) and self.mlp_ratio > 0,
+        check(is_real(self.mlp_ratio) and self.mlp_ratio > 0,
               f"mlp_ratio must be a positive finite number, got {self.mlp_ratio!r}")
         check(self.intermediate_size >= 1,
               f"mlp_ratio * hidden_size (the MLP width) must be >= 1, got mlp_ratio {self.mlp_ratio} * hidden_size "
               f"{self.hidden_size} = {self.mlp_ratio * self.hidden_size:g}")
         for name in ("hidden_dropout_prob", "drop_path_rate"):
             value = getattr(self, name)
-            check(_is_real(value) and 0.0 <= value < 1.0, f"{name} must lie in [0, 1), got {value!r}")
-        check(_is_real(self.layer_norm_eps) and self.layer_norm_eps > 0,
+            check(is_real(value) and 0.0 <= value < 1.0, f"{name} must lie in [0, 1), got {value!r}")
+        check(is_real(self.layer_norm_eps) and self.layer_norm_eps > 0,
               f"layer_norm_eps must be a positive number, got {self.layer_norm_eps!r}")
-        check(_is_real(self.initializer_range) and self.initializer_range >= 0,
+        check(is_real(self.initializer_range) and self.initializer_range >= 0,
               f"initializer_range must be a number >= 0 (a standard deviation), got {self.initializer_range!r}")
         check_num_labels(self.num_labels, "RevViTConfig")
         check(not self.output_attentions,
@@ -258,15 +234,3 @@ class RevViTConfig(PretrainedConfig):
         # after __init__).
         check_parameters(self.image_size, self.patch_size, self.num_channels, self.hidden_size,
                          self.num_hidden_layers, self.intermediate_size, self.num_labels)
-
-    @property
-    def num_labels(self) -> int | None:
-        """The number of classes: id2label's entries (PretrainedConfig's rule)."""
-        return PretrainedConfig.num_labels.fget(self)
-
-    @num_labels.setter
-    def num_labels(self, value) -> None:
-        # Checked as given: PretrainedConfig builds id2label from range(value), which a negative count leaves empty
-        # (reported as 0) and a bool or a float would reach unchecked.
-        check_num_labels(value, "RevViTConfig")
-        PretrainedConfig.num_labels.fset(self, value)
