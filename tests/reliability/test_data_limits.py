@@ -256,14 +256,18 @@ def test_object_array_state_longer_than_its_list_cannot_crash_the_interpreter(tm
     assert genuine.count(b"K\x01\x85") == 1  # the labels' shape (1,)
     raw = genuine.replace(b"K\x01\x85", b"J\x80\x96\x98\x00\x85")  # now (10,000,000,), list still [7]
     data_dir = _cifar10_dir(tmp_path, raw)
-    code = ("from petra_hub.data import load_image_dataset\n"
-            "try:\n"
-            f"    load_image_dataset('cifar10', 'test', data_dir={data_dir!r})\n"
-            "except ValueError as exc:\n"
-            "    print(exc)\n")
+    refusal = _error_in_a_child("from petra_hub.data import load_image_dataset",
+                                f"load_image_dataset('cifar10', 'test', data_dir={data_dir!r})")
+    assert "only boolean, integer and float dtypes are allowed" in refusal, refusal
+
+
+def _error_in_a_child(imports: str, call: str) -> str:
+    """The ValueError `call` raises, run in a child process so that a crash fails the test instead of ending the
+    test run."""
+    code = f"{imports}\ntry:\n    {call}\nexcept ValueError as exc:\n    print(exc)\n"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
-    assert "only boolean, integer and float dtypes are allowed" in proc.stdout, proc.stdout
+    return proc.stdout
 
 
 def _npz_with_header(path, shape: tuple[int, ...]) -> None:
@@ -327,16 +331,11 @@ def _pickled_scalar(code: bytes, flags: int) -> bytes:
 @pytest.mark.parametrize("code", [b"V8", b"i8"])
 def test_a_dtype_given_object_flags_by_the_pickle_cannot_crash_the_interpreter(tmp_path, code):
     write_file(str(tmp_path / "batch"), _pickled_scalar(code, 0x21))
-    script = ("from petra_hub.data.sources.safe_io import unpickle\n"
-              "try:\n"
-              f"    unpickle(open({str(tmp_path / 'batch')!r}, 'rb').read(), 'batch')\n"
-              "except ValueError as exc:\n"
-              "    print(exc)\n")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])  # was -11 (SIGSEGV)
-    assert "batch: not a readable pickle" in proc.stdout
+    refusal = _error_in_a_child("from petra_hub.data.sources.safe_io import unpickle",  # was SIGSEGV
+                                f"unpickle(open({str(tmp_path / 'batch')!r}, 'rb').read(), 'batch')")
+    assert "batch: not a readable pickle" in refusal
     assert ("only boolean, integer and float dtypes" if code == b"V8" else "not the state of a plain dtype") \
-        in proc.stdout, proc.stdout
+        in refusal, refusal
 
 
 class _FromBuffer:
