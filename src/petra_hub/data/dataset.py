@@ -137,8 +137,8 @@ class _Sample(Subset):
 
 def sample(dataset: Dataset, count: int | None, seed: int) -> Dataset:
     """``count`` items of ``dataset`` chosen at random with ``seed`` and kept in the data set's order (all of them for
-    None): what ``--max_train_samples`` and ``--max_eval_samples`` keep, as `datasets`' ``shuffle(seed).select``
-    does, because the first items of a folder of class folders are all of one class."""
+    None): what the recipe's ``--max_train_samples`` and ``--max_eval_samples`` keep (the same ``sampled_indices`` on
+    the `datasets` path), because the first items of a folder of class folders are all of one class."""
     if count is None or count >= len(dataset):
         return dataset
     return _Sample(dataset, sampled_indices(len(dataset), count, seed))
