@@ -26,9 +26,8 @@ from transformers.trainer_utils import PredictionOutput, TrainOutput, speed_metr
 from ..engine import Pipeline, group_sizes, merge_stages, replica_of
 from ..engine.optim import decayed_by_the_paper
 from .arguments import PetraTrainingArguments
-from .batches import (check_all_labels, check_first_batch, data_seed, dataset_label, epoch_batches, labels_digest,
-                      make_loader)
-from .batches import plan_steps, repeated_first_batch, split_batch
+from .batches import check_all_labels, check_first_batch, data_seed, dataset_label, epoch_batches, make_loader
+from .batches import labels_digest, plan_steps, repeated_first_batch, split_batch
 from .card import name_labels, save_run_folder, write_run_card
 from .card_data import record_evaluation
 from .checkpoint import PetraState, checkpoint_to_resume, end_with_the_best, load_stage_states, load_trainer_state
