@@ -587,3 +587,24 @@ def test_split_folders_are_named_after_the_folder_above_them_and_a_missing_model
     with pytest.raises(FileNotFoundError, match=r"--model_name_or_path '\./no/such/model' is a local path, but there "
                                                 r"is no such folder"):
         recipe.prepare(["--model_name_or_path", "./no/such/model", "--output_dir", str(tmp_path)])
+
+
+def test_image_size_with_a_pretrained_processor_saves_a_processor_of_that_size(tmp_path, datasets_cache):
+    """--image_size 12 with a processor of ImageNet's kind trained at 12 but re-saved the processor that resizes to
+    24 and crops 16."""
+    from transformers import BitImageProcessor, ViTImageProcessor
+
+    from petra_hub.training.recipe_data import DataArguments, load_data
+
+    folder = str(write_digits_dataset(tmp_path / "digits-hf"))
+    cropping = BitImageProcessor(size={"shortest_edge": 24}, crop_size={"height": 16, "width": 16},
+                                 do_center_crop=True)
+    data = load_data(DataArguments(dataset_name=folder, image_size=12), seed=0, splits={"eval"}, processor=cropping)
+    assert data.image_size == 12 and data.eval[0]["pixel_values"].shape == (3, 12, 12)
+    assert data.processor.size == {"shortest_edge": 12} and data.processor.crop_size == {"height": 12, "width": 12}
+    assert cropping.size == {"shortest_edge": 24}  # the caller's processor is left as it was
+    image = digit_images(1)[0][0]  # what inference gets: the saved processor prepares it at the trained size
+    assert data.processor(image, return_tensors="pt")["pixel_values"].shape == (1, 3, 12, 12)
+    squashing = ViTImageProcessor(size={"height": 20, "width": 20})
+    vit = load_data(DataArguments(dataset_name=folder, image_size=12), seed=0, splits={"eval"}, processor=squashing)
+    assert vit.processor.size == {"height": 12, "width": 12} and vit.eval[0]["pixel_values"].shape == (3, 12, 12)

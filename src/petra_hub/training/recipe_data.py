@@ -10,6 +10,7 @@ mean and std), a collator that builds `pixel_values` and `labels`, label names f
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from collections.abc import Callable
@@ -272,6 +273,21 @@ def processor_geometry(processor) -> tuple[int, int | tuple[int, int]] | None:
     return (resize if isinstance(resize, int) else resize[0]), resize
 
 
+def resized_processor(processor, size: int):
+    """A copy of a pretrained image processor that prepares images as `image_transforms(size, ...)` evaluates them
+    (`--image_size` given): the shorter side to `size`, then the centre `size` x `size` (or (`size`, `size`) for a
+    processor that resizes to height and width), so that the processor saved with the run matches its training."""
+    resized = copy.deepcopy(processor)
+    sizes = getattr(resized, "size", None) or {}
+    if "shortest_edge" in sizes or not ("height" in sizes and "width" in sizes):
+        resized.size = {"shortest_edge": size}
+        resized.crop_size = {"height": size, "width": size}
+        resized.do_center_crop = True
+    else:
+        resized.size = {"height": size, "width": size}
+    return resized
+
+
 def load_data(args: DataArguments, *, seed: int, splits: set[str], processor=None) -> RecipeData:
     """The data sets named in `splits` ("train", "eval", "test"); `processor` is a pretrained model's image
     processor (its size, mean and std serve a `datasets` set), or None."""
@@ -394,6 +410,8 @@ def _load_datasets(args: DataArguments, seed: int, splits: set[str], processor) 
 
     if args.image_size:
         size = resize = args.image_size
+        if processor is not None and isinstance((processor_geometry(processor) or (0, 0))[1], tuple):
+            resize = (size, size)  # a processor that resizes to height and width, as its resized copy will
     elif processor is not None and (geometry := processor_geometry(processor)) is not None:
         size, resize = geometry
     else:
@@ -401,6 +419,8 @@ def _load_datasets(args: DataArguments, seed: int, splits: set[str], processor) 
                                        image_column)
     mean, std = normalisation(processor)
     name = args.set_name
+    if processor is not None and args.image_size:
+        processor = resized_processor(processor, size)
     if processor is None:
         info = DatasetInfo(name, len(label_names), size, 3, tuple(mean), tuple(std), tuple(label_names))
         processor = image_processor_for(info, shorter_side=size)  # as `image_transforms` evaluates
