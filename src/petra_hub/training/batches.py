@@ -123,11 +123,10 @@ def _every_dth(loader, replica: int, replicas: int, offset: int):
     return (batches[replica] for batches in itertools.islice(rounds, offset, None) if len(batches) == replicas)
 
 
-def labels_digest(dataset, collator=None) -> str | None:
-    """A fingerprint of the train set's labels, in order (None where they are only known when read: a stream, a plain
-    torch Dataset): checkpoints record it, so that a resumed run, and every process, reads the same data, not only a
-    set of the same name and size (another split of it, say)."""
-    labels, _ = _all_labels(dataset, getattr(collator, "label_column", None))
+def labels_digest(labels: torch.Tensor | None) -> str | None:
+    """A fingerprint of the train set's labels, in order, as `check_all_labels` returns them (None where they are only
+    known when read: a stream, a plain torch Dataset): checkpoints record it, so that a resumed run, and every
+    process, reads the same data, not only a set of the same name and size (another split of it, say)."""
     if labels is None:
         return None
     return "sha256:" + hashlib.sha256(labels.to(torch.int64 if not labels.is_floating_point() else torch.float64)
@@ -158,13 +157,14 @@ def plan_steps(loader: DataLoader, args) -> tuple[int | None, int, int]:
 
 
 def check_all_labels(dataset, num_labels: int | None, what: str = "train_dataset", collator=None,
-                     problem_type: str | None = None) -> None:
+                     problem_type: str | None = None) -> torch.Tensor | None:
     """Every label of an in-memory data set, checked before training (not only the first batch's): class indices in
     [0, num_labels) or IGNORE_INDEX, for single-label classification (`class_indices`); floating-point labels of one
     value per item cannot be the targets of several classes. Data sets that only produce labels when read (a plain
     torch Dataset, a stream) are checked batch by batch by the loss instead. A `datasets.Dataset`'s label column is
     the one the collator reads (its `label_column`, as the recipe's ImageClassificationCollator has), else the one
-    its transform names (the recipe's ApplyTransform), else "labels" or "label"."""
+    its transform names (the recipe's ApplyTransform), else "labels" or "label". Returns the labels it checked (None
+    where there were none to read), for `labels_digest`: the column is read once."""
     labels, column = _all_labels(dataset, getattr(collator, "label_column", None))
     of = f"{what} (column {column!r})" if column else what
     if labels is not None and labels.is_floating_point() and labels.dim() == 1 and (num_labels or 0) > 1:
@@ -172,7 +172,7 @@ def check_all_labels(dataset, num_labels: int | None, what: str = "train_dataset
                          f"must be integers (multi-label and regression targets are [items, {num_labels}])")
     counted = None if labels is None else class_indices(labels, num_labels, problem_type)
     if counted is None:
-        return
+        return labels
     low, high = int(counted.min()), int(counted.max())
     if low < 0 or high >= num_labels:
         bad = int((((labels < 0) & (labels != IGNORE_INDEX)) | (labels >= num_labels)).nonzero()[0])
@@ -180,6 +180,7 @@ def check_all_labels(dataset, num_labels: int | None, what: str = "train_dataset
             f"{of} has labels outside [0, {num_labels - 1}] (the model's num_labels={num_labels}): "
             f"item {bad} is labelled {int(labels[bad])}"
         )
+    return labels
 
 
 def _all_labels(dataset, label_column: str | None = None) -> tuple[torch.Tensor | None, str | None]:

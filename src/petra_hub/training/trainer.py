@@ -174,11 +174,11 @@ class PetraTrainer(Trainer):
         if args.petra_partition == "auto" or args.memory_budget_bytes() is not None:  # measured on it
             micro_batch = args.per_device_train_batch_size
             self._profile_batch = repeated_first_batch(loader.collate_fn, loader.dataset, micro_batch)
-        check_all_labels(self.train_dataset, self.model.config.num_labels, collator=self.data_collator,
-                         problem_type=self.model.config.problem_type)
+        labels = check_all_labels(self.train_dataset, self.model.config.num_labels, collator=self.data_collator,
+                                  problem_type=self.model.config.problem_type)
         per_epoch, steps_per_epoch, max_steps = plan_steps(loader, args)
 
-        self._train_labels = labels_digest(self.train_dataset, self.data_collator)
+        self._train_labels = labels_digest(labels)
         check_same_run(args, dataset_label(self.train_dataset), self._train_labels)  # before any rank writes or trains
         check_shared_output_dir(args)
         with raise_on_every_rank():
