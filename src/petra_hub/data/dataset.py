@@ -92,44 +92,23 @@ class _ImageDataset(Dataset):
                 f"size={len(self)}, augment={self.augment}, seed={self.seed})")
 
 
-class _Head(Dataset):
-    """The first ``count`` items of a data set, keeping its ``info``, ``labels`` and ``set_epoch``."""
-
-    def __init__(self, dataset: _ImageDataset, count: int):
-        self.dataset = dataset
-        self.count = min(count, len(dataset))
-        self.info = dataset.info
-        self.labels = dataset.labels[: self.count]
-
-    def __len__(self) -> int:
-        return self.count
-
-    def set_epoch(self, epoch: int) -> None:
-        self.dataset.set_epoch(epoch)
-
-    def __getitem__(self, index) -> dict[str, Any]:
-        if not -self.count <= index < self.count:
-            raise IndexError(f"index {index} out of range for a data set of {self.count} items")
-        return self.dataset[index % self.count]
-
-
 def take(dataset: Dataset, count: int | None) -> Dataset:
     """The first ``count`` items of ``dataset`` (all of them for None), e.g. for quick runs and tests."""
     if count is None or count >= len(dataset):
         return dataset
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
-    return _Head(dataset, count)
+    return _Part(dataset, range(count))
 
 
-class _Sample(Subset):
-    """Some items of a data set, in its order, keeping its ``info``, ``labels`` and ``set_epoch`` (augmentation
-    stays seeded by the items' own indices)."""
+class _Part(Subset):
+    """The items ``indices`` of a data set, in its order, keeping its ``info``, ``labels`` and ``set_epoch``
+    (augmentation stays seeded by the items' own indices)."""
 
-    def __init__(self, dataset: _ImageDataset, indices: list[int]):
+    def __init__(self, dataset: _ImageDataset, indices: Sequence[int]):
         super().__init__(dataset, indices)
         self.info = dataset.info
-        self.labels = dataset.labels[indices]
+        self.labels = dataset.labels[torch.as_tensor(indices, dtype=torch.long)]
 
     def set_epoch(self, epoch: int) -> None:
         self.dataset.set_epoch(epoch)
@@ -141,7 +120,7 @@ def sample(dataset: Dataset, count: int | None, seed: int) -> Dataset:
     the `datasets` path), because the first items of a folder of class folders are all of one class."""
     if count is None or count >= len(dataset):
         return dataset
-    return _Sample(dataset, sampled_indices(len(dataset), count, seed))
+    return _Part(dataset, sampled_indices(len(dataset), count, seed))
 
 
 def sampled_indices(size: int, count: int, seed: int) -> list[int]:

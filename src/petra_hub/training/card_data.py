@@ -28,7 +28,6 @@ from typing import Any
 from torch.utils.data import Subset
 
 from ..data import DATASET_SPECS, DatasetInfo, DatasetSpec, dataset_spec
-from ..data.dataset import _Head
 from .recipe_data import evaluated_part
 
 
@@ -114,9 +113,9 @@ def _part(dataset, depth: int = 4) -> tuple[int, int, bool] | None:
         outer_size, size = _length(inner), _length(wrapped)
         if wrapped is None or _hf_info(inner) is not None or outer_size is None or size is None:
             break
-        if isinstance(inner, Subset):
+        if isinstance(inner, Subset):  # torch's, and petra_hub.data.take's and sample's
             first = first and all(int(index) == position for position, index in enumerate(inner.indices))
-        elif not isinstance(inner, _Head):  # petra_hub.data.take keeps the first items; another wrapper: unknown
+        else:  # another wrapper: which items it keeps is unknown
             first = first and outer_size >= size
         inner = wrapped
     total = _length(inner)
