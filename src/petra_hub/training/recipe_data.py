@@ -408,10 +408,10 @@ def _load_datasets(args: DataArguments, seed: int, splits: set[str], processor) 
     data, label_names = label_names_of(data, reference.features[label_column], label_column)
     data = data.cast_column(image_column, datasets.Image(decode=False))  # decoded by ApplyTransform, which names files
 
-    if args.image_size:
+    if args.image_size and processor is not None:  # the processor saved with the run prepares images at that size
+        processor = resized_processor(processor, args.image_size)
+    if args.image_size and processor is None:
         size = resize = args.image_size
-        if processor is not None and isinstance((processor_geometry(processor) or (0, 0))[1], tuple):
-            resize = (size, size)  # a processor that resizes to height and width, as its resized copy will
     elif processor is not None and (geometry := processor_geometry(processor)) is not None:
         size, resize = geometry
     else:
@@ -419,8 +419,6 @@ def _load_datasets(args: DataArguments, seed: int, splits: set[str], processor) 
                                        image_column)
     mean, std = normalisation(processor)
     name = args.set_name
-    if processor is not None and args.image_size:
-        processor = resized_processor(processor, size)
     if processor is None:
         info = DatasetInfo(name, len(label_names), size, 3, tuple(mean), tuple(std), tuple(label_names))
         processor = image_processor_for(info, shorter_side=size)  # as `image_transforms` evaluates
