@@ -1,14 +1,16 @@
 """petra_hub: PETRA (parallel end-to-end training of reversible architectures) across processes and devices.
 
-The public names below are imported on first use, so that `import petra_hub.engine` needs torch only. Touching a
-model class (or importing `petra_hub.models`) registers the "revnet" model type with transformers' Auto classes;
-importing `petra_hub.integrations.timm` registers `revnet18` .. `revnet101` and `revvit_tiny` .. `revvit_base`
-with timm.
+Importing the package registers the "revnet" and "revvit" model types with transformers' Auto classes when
+transformers is installed, so that `import petra_hub` is enough for `AutoModelForImageClassification.from_pretrained`
+of a saved folder (no `trust_remote_code`). Without transformers nothing is registered and `import petra_hub.engine`
+still works: the engine needs torch only. The other public names below are imported on first use. Importing
+`petra_hub.integrations.timm` registers `revnet18` .. `revnet101` and `revvit_tiny` .. `revvit_base` with timm.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -53,3 +55,9 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
+
+
+# Register the model families with transformers' Auto classes, where transformers is installed; the engine alone
+# (torch only) stays importable without it.
+if importlib.util.find_spec("transformers") is not None:
+    importlib.import_module("petra_hub.models")
