@@ -104,6 +104,7 @@ class PetraTrainingArguments(TrainingArguments):
 
     def __post_init__(self):
         Mode.parse(self.petra_mode)
+        self.check_run_length()
         if self.gradient_accumulation_steps < 1:
             raise ValueError(f"gradient_accumulation_steps (k) must be >= 1, got {self.gradient_accumulation_steps}")
         if self.petra_timeout <= 0:
@@ -136,6 +137,18 @@ class PetraTrainingArguments(TrainingArguments):
         if not torch.cuda.is_available():
             self.use_cpu = True
         super().__post_init__()
+
+    def check_run_length(self) -> None:
+        """Refuse a run of no steps before anything runs (it would train nothing, then evaluate and save the
+        untrained model): max_steps is -1 (transformers' convention: num_train_epochs decides) or a positive number
+        of global steps, and num_train_epochs is positive when it decides."""
+        if self.max_steps != -1 and self.max_steps <= 0:
+            raise ValueError(f"max_steps={self.max_steps}: expected -1 (train for num_train_epochs) or a positive "
+                             "number of global steps")
+        if self.max_steps == -1 and not self.num_train_epochs > 0:
+            raise ValueError(f"num_train_epochs={self.num_train_epochs!r}: expected a positive number of epochs (it "
+                             "decides the length of the run while max_steps is -1); or set max_steps to a positive "
+                             "number of global steps")
 
     @cached_property
     def _setup_devices(self) -> torch.device:
