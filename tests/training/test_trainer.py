@@ -107,9 +107,9 @@ def test_callbacks_logging_evaluation_and_drain(tmp_path):
     training_logs = [log for log in recorder.logs if "learning_rate" in log]
     assert len(training_logs) == 3  # logging_steps=2 over 6 steps
     assert all(log["samples_per_second"] > 0 for log in training_logs)
-    # The rate stage 0's last update used, as Trainer logs its step's (linear decay over 6 updates): none yet at step
-    # 2 (the first update's rate), 3 at step 4 (the evaluation at step 3 drained the pipeline), all 6 at the end.
-    assert [log["learning_rate"] for log in training_logs] == pytest.approx([0.05, 0.05 * 4 / 6, 0.05 / 6])
+    # The rate the logged step's update uses, as Trainer logs it (linear decay over 6 updates), though stage 0 has
+    # applied none of them at step 2, 3 at step 4 (the evaluation at step 3 drained the pipeline), all 6 at the end.
+    assert [log["learning_rate"] for log in training_logs] == pytest.approx([0.05 * 5 / 6, 0.05 * 3 / 6, 0.05 / 6])
     # the gradient norm, clipping or not (max_grad_norm=0 here), as Trainer logs it: once any stage has updated
     assert "grad_norm" not in training_logs[0] and all(log["grad_norm"] > 0 for log in training_logs[1:])
     # The head sees micro-batch b at tick b + J - 1 = b + 9: the step-2 log (4 micro-batches fed) has no loss yet.

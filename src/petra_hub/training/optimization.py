@@ -39,45 +39,83 @@ def optimizer_factory(trainer: Trainer) -> Callable[[int, nn.Module], torch.opti
     return make
 
 
-def scheduler_factory(args: PetraTrainingArguments, max_steps: int, steps_per_epoch: float,
-                      num_stages: int = 1) -> Callable:
-    """`lr_scheduler_type` through transformers' `get_scheduler`, or the paper's warm-up + step decay when
+class StageSchedules:
+    """The stages' LR schedulers (call it as `(stage_index, optimizer) -> scheduler`, a pipeline's
+    `scheduler_factory`) and the rate their schedule gives at any global step (`learning_rate`), read without
+    stepping any stage's scheduler.
+
+    `lr_scheduler_type` through transformers' `get_scheduler`, or the paper's warm-up + step decay when
     `petra_lr_milestones` is set; with `petra_delay_lr_warmup`, each stage's factor is multiplied by its delay
     warm-up (`delay_warmup`)."""
-    warmup = args.get_warmup_steps(max_steps)
-    milestones = [round(epoch * steps_per_epoch) for epoch in args.milestones()]
-    if milestones:
-        gamma = args.petra_lr_gamma
 
-        def factor(step: int) -> float:
-            if step < warmup:
-                return step / max(1, warmup)
-            return gamma ** sum(step >= m for m in milestones)
+    def __init__(self, args: PetraTrainingArguments, max_steps: int, steps_per_epoch: float, num_stages: int = 1):
+        self.args, self.max_steps, self.num_stages = args, max_steps, num_stages
+        self.warmup = args.get_warmup_steps(max_steps)
+        self.milestones = [round(epoch * steps_per_epoch) for epoch in args.milestones()]
+        self.made: dict[int, torch.optim.lr_scheduler.LRScheduler] = {}  # stage -> its scheduler, for its base rate
+        self._factor: Callable[[int], float] | None = None
 
-        base = lambda index, optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, factor)  # noqa: E731
-    else:
-        base = lambda index, optimizer: get_scheduler(  # noqa: E731
-            args.lr_scheduler_type,
+    def __call__(self, index: int, optimizer: torch.optim.Optimizer):
+        scheduler = self._base(optimizer)
+        if self.args.petra_delay_lr_warmup:
+            if type(scheduler) is not torch.optim.lr_scheduler.LambdaLR:
+                raise ValueError(
+                    f"petra_delay_lr_warmup needs a schedule given by a factor per step (linear, cosine, constant, ... "
+                    f"or petra_lr_milestones), not lr_scheduler_type={self.args.lr_scheduler_type!r}"
+                )
+            delay = delay_warmup(index, self.num_stages, self.args, self.max_steps)
+            factors = [lambda step, schedule=schedule: schedule(step) * delay(step)
+                       for schedule in scheduler.lr_lambdas]
+            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factors)
+        self.made[index] = scheduler
+        return scheduler
+
+    def _base(self, optimizer: torch.optim.Optimizer):
+        """The schedule without the delay warm-up."""
+        if self.milestones:
+            warmup, gamma, milestones = self.warmup, self.args.petra_lr_gamma, self.milestones
+
+            def factor(step: int) -> float:
+                if step < warmup:
+                    return step / max(1, warmup)
+                return gamma ** sum(step >= m for m in milestones)
+
+            return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        return get_scheduler(
+            self.args.lr_scheduler_type,
             optimizer,
-            num_warmup_steps=warmup,
-            num_training_steps=max_steps,
-            scheduler_specific_kwargs=args.lr_scheduler_kwargs or {},
+            num_warmup_steps=self.warmup,
+            num_training_steps=self.max_steps,
+            scheduler_specific_kwargs=self.args.lr_scheduler_kwargs or {},
         )
-    if not args.petra_delay_lr_warmup:
-        return base
 
-    def with_delay_warmup(index: int, optimizer):
-        scheduler = base(index, optimizer)
-        if type(scheduler) is not torch.optim.lr_scheduler.LambdaLR:
-            raise ValueError(
-                f"petra_delay_lr_warmup needs a schedule given by a factor per step (linear, cosine, constant, ... or "
-                f"petra_lr_milestones), not lr_scheduler_type={args.lr_scheduler_type!r}"
-            )
-        delay = delay_warmup(index, num_stages, args, max_steps)
-        factors = [lambda step, schedule=schedule: schedule(step) * delay(step) for schedule in scheduler.lr_lambdas]
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, factors)
+    def factor(self, step: int) -> float | None:
+        """The schedule's factor after `step` updates, without any stage's delay warm-up (read off a scheduler built
+        once over a throwaway parameter); None for a schedule not given by a factor per step."""
+        if self._factor is None:
+            scheduler = self._base(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0))
+            if type(scheduler) is not torch.optim.lr_scheduler.LambdaLR or len(scheduler.lr_lambdas) != 1:
+                return None
+            self._factor = scheduler.lr_lambdas[0]
+        return self._factor(step)
 
-    return with_delay_warmup
+    def learning_rate(self, global_step: int) -> float | None:
+        """What transformers' Trainer logs at `global_step`: the rate that step's update used, its scheduler having
+        been stepped `global_step - 1` times (the stages' base rate, as their schedulers hold it, times the
+        schedule's factor; the stages' delay warm-up left out). None before any stage's scheduler is made, or for a
+        schedule not given by a factor per step."""
+        if not self.made:
+            return None
+        factor = self.factor(max(0, global_step - 1))
+        if factor is None:
+            return None
+        return float(self.made[min(self.made)].base_lrs[0] * factor)
+
+
+def scheduler_factory(args: PetraTrainingArguments, max_steps: int, steps_per_epoch: float,
+                      num_stages: int = 1) -> StageSchedules:
+    """One LR scheduler per stage (`StageSchedules`)."""
+    return StageSchedules(args, max_steps, steps_per_epoch, num_stages)
 
 
 def delay_warmup(index: int, num_stages: int, args: PetraTrainingArguments, max_steps: int) -> Callable[[int], float]:
