@@ -15,6 +15,15 @@ from .distributed import init_distributed
 from .support import check_supported
 
 
+EFFECTIVE_BATCH_SIZE = "per_device_train_batch_size * gradient_accumulation_steps * petra_data_parallel"
+
+
+def _with_help(name: str, text: str):
+    """TrainingArguments' field `name` with its default and the help `text` (for what holds for a pipeline)."""
+    base = TrainingArguments.__dataclass_fields__[name]
+    return field(default=base.default, metadata={**base.metadata, "help": text})
+
+
 @dataclass
 class PetraTrainingArguments(TrainingArguments):
     """`TrainingArguments` plus the PETRA knobs.
@@ -23,9 +32,23 @@ class PetraTrainingArguments(TrainingArguments):
     averages the gradients of k consecutive micro-batches before its optimizer steps (one global step).
     """
 
+    # transformers' help gives per_device_train_batch_size * num_devices * gradient_accumulation_steps; every process
+    # of a pipeline reads the same micro-batches, so only the replicas multiply the batch
+    per_device_train_batch_size: int = _with_help(
+        "per_device_train_batch_size",
+        "The micro-batch size: what each pipeline replica feeds per tick. Every process of a pipeline reads the same "
+        f"micro-batches, so the effective batch size = {EFFECTIVE_BATCH_SIZE} (not times the number of processes).",
+    )
+    gradient_accumulation_steps: int = _with_help(
+        "gradient_accumulation_steps",
+        "k: every stage averages the gradients of k consecutive micro-batches before its optimizer steps (one global "
+        f"step). Effective batch size = {EFFECTIVE_BATCH_SIZE}: every process of a pipeline reads the same "
+        "micro-batches.",
+    )
     petra_mode: str = field(
         default="petra",
-        metadata={"help": "; ".join(f"{mode.value}: {mode.description}" for mode in Mode)},
+        # each description is a sentence (its own ';' included): the modes are joined by spaces
+        metadata={"help": "Training method, one of: " + " ".join(f"{mode.value}: {mode.description}" for mode in Mode)},
     )
     petra_num_stages: int | None = field(
         default=None, metadata={"help": "Pipeline stages J; default: the model's own stages (one per block)."}
@@ -99,7 +122,7 @@ class PetraTrainingArguments(TrainingArguments):
     petra_gradient_fidelity_steps: int = field(
         default=0,
         metadata={"help": "Every N steps, compare each stage's gradient with the end-to-end and the stashed-weight "
-                          "gradients (GradientFidelityCallback; logged as fidelity/stage_<i>/...; 0: off)."},
+                          "gradients (GradientFidelityCallback; logged as fidelity/stage_<i>/<metric>; 0: off)."},
     )
 
     def __post_init__(self):

@@ -22,6 +22,7 @@ from ..models.families import family_of_preset, preset_names
 from .arguments import PetraTrainingArguments
 from .checkpoint import checkpoint_to_resume
 from .recipe_data import DataArguments
+from .support_table import REFUSED, TRAINING_ARGUMENT_SUPPORT
 
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
@@ -119,13 +120,24 @@ class RecipeTrainingArguments(PetraTrainingArguments):
 
 
 def build_parser() -> HfArgumentParser:
-    return HfArgumentParser(
+    parser = HfArgumentParser(
         (ModelArguments, DataArguments, RecipeTrainingArguments),
         usage="%(prog)s [config.yaml | config.json] [--flag value ...]",
         description="Train a RevNet or a RevViT with PETRA (petra_hub's recipe). A YAML/JSON file of flags may "
                     "stand anywhere on the command line; flags given on the command line override it.",
         allow_abbrev=False,
     )
+    mark_refused_fields(parser)
+    return parser
+
+
+def mark_refused_fields(parser: argparse.ArgumentParser) -> None:
+    """Replace the help of every flag of a field the support table refuses (and of its --no_ form) by
+    "[refused by petra_hub: <the table's reason>]": transformers' help would describe a feature PetraTrainer refuses."""
+    for action in parser._actions:  # argparse's list of the parser's arguments
+        support = TRAINING_ARGUMENT_SUPPORT.get(action.dest)
+        if support is not None and support.status == REFUSED:
+            action.help = f"[refused by petra_hub: {support.note}]".replace("%", "%%")  # argparse formats help with %
 
 
 class _Unset:
