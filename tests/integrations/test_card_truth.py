@@ -67,7 +67,7 @@ def test_the_card_names_the_optimizer_cls_and_kwargs_the_stages_ran(tmp_path, kw
     trainer.save_model()
     rows = card_rows(load_card(tmp_path).text)
     assert rows["Learning rate"] == f"{rate:g}"
-    assert rows["Optimizer"] == "`optimizer_cls_and_kwargs`: SGD(momentum=0.5)"
+    assert rows["Optimizer"] == "`optimizer_cls_and_kwargs`: `SGD(momentum=0.5)`"
 
 
 def test_the_card_names_the_optimizer_of_an_overridden_get_optimizer_cls_and_kwargs(tmp_path):
@@ -82,10 +82,10 @@ def test_the_card_names_the_optimizer_of_an_overridden_get_optimizer_cls_and_kwa
     trainer = digits_trainer(tmp_path)
     trainer.__class__ = RMSpropTrainer
     summary = summarize_trainer(trainer, str(tmp_path))
-    assert summary.optimizer == "`adamw_torch_fused`: RMSprop(alpha=0.9)"
+    assert summary.optimizer == "`adamw_torch_fused`: `RMSprop(alpha=0.9)`"
     assert summary.learning_rate == trainer.args.learning_rate
     plain = summarize_trainer(digits_trainer(tmp_path), str(tmp_path))
-    assert plain.optimizer.startswith("`adamw_torch_fused`: AdamW(") and plain.learning_rate == 5e-05
+    assert plain.optimizer.startswith("`adamw_torch_fused`: `AdamW(") and plain.learning_rate == 5e-05
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from petra_hub.integrations.model_card import (
     render_model_card,
     write_model_card,
 )
+from petra_hub.integrations.model_card_text import markdown_text
 
 REPO_ID = "user/revnet-test"
 
@@ -67,7 +68,7 @@ def test_card_metadata_and_body_round_trip(tmp_path):
         "RevNet-18 (revnet18): basic blocks in layers of 2/2/2/2 (8 blocks), widths 64/128/256/512 per stream"
     )
     for needle in (architecture, "`petra`", "Pipeline stages (J) | 10", "Accumulation steps (k) | 4", "Processes | 10",
-                   "RevNet-18", "revnet18", "91.37 %", "12,211,048", "8x H100 (NCCL)", "| stem | cifar |",
+                   "RevNet-18", "revnet18", "91.37 %", "12,211,048", r"8x H100 \(NCCL\)", "| stem | cifar |",
                    f"| warm-up | {NOT_RECORDED} |", f'from_pretrained("{REPO_ID}")', "trust_remote_code=True",
                    'pipeline("image-classification"', "@inproceedings{rivaud2025petra",
                    "Parallel End-to-end Training with Reversible Architectures", "2406.02052"):
@@ -111,7 +112,7 @@ def test_a_summary_refuses_every_accuracy_given_as_a_percentage():
 
 def test_the_evaluated_split_is_named_as_it_is_or_not_at_all():
     """A split name, what the evaluated data is where it is no split, or nothing: never a made-up "evaluation"."""
-    for split, label, published in (("test", "test split", "test"), ("validation[:10%]", "validation[:10%] split",
+    for split, label, published in (("test", "test split", "test"), ("validation[:10%]", r"validation\[:10%\] split",
                                                                      "validation[:10%]"),
                                     ("held-out 15% of train", "held-out 15% of train", "held-out 15% of train"),
                                     (None, "evaluation set", None)):
@@ -273,12 +274,12 @@ def test_hyper_parameters_results_and_versions():
                 "| Global steps (optimizer updates per stage) | 1000 |",
                 "| Epoch | Step | Training loss | Eval loss | Eval accuracy |",
                 "| 1 | 500 | - | 1.2500 | 50.00 % |", "| 2 | 1000 | 0.7500 | 0.5000 | 87.50 % |",
-                "| petra_hub | 9.9 |", "| torch | 1.0 |", "(5 of this run's 10 pipeline stages)"):
+                r"| petra\_hub | 9.9 |", "| torch | 1.0 |", "(5 of this run's 10 pipeline stages)"):
         assert row in text, row
     assert "No evaluation or training loss was logged" in render_model_card(full_summary()).text
     installed = render_model_card(full_summary()).text.split("## Framework versions")[1]
     for name in ("petra_hub", "torch", "transformers", "datasets", "accelerate", "huggingface_hub"):
-        assert f"| {name} | " in installed, name
+        assert f"| {markdown_text(name)} | " in installed, name  # "petra\_hub": escaped as any user text
 
 
 def test_create_model_card_fields_reach_the_metadata():

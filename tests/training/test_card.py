@@ -17,7 +17,7 @@ from huggingface_hub import ModelCard
 from petra_hub import RevNetForImageClassification
 from petra_hub.data import collate_image_batch, image_processor_for, load_image_dataset, take
 from petra_hub.integrations.model_card import render_model_card
-from petra_hub.integrations.model_card_text import FRAMEWORKS
+from petra_hub.integrations.model_card_text import FRAMEWORKS, markdown_text
 from petra_hub.testing.models import small_config
 from petra_hub.training import PetraTrainer, PetraTrainingArguments
 from petra_hub.training.card import results_from_log_history, summarize_trainer
@@ -78,7 +78,7 @@ def test_digits_card_states_the_run(digits_run):
         "Global steps (optimizer updates per stage)": "8",
         "Micro-batch size": "8",
         "Learning rate": "0.05",
-        "Optimizer": "`sgd`: SGD(momentum=0.9, nesterov=True)",
+        "Optimizer": "`sgd`: `SGD(momentum=0.9, nesterov=True)`",
         "LR schedule": "linear warm-up, then cosine",
         "Warm-up steps": "2",
         "Weight decay (not on biases and norms)": "0.0005",
@@ -99,7 +99,7 @@ def test_digits_card_states_the_run(digits_run):
     assert "1.4-3.1 points below backprop" in text
     assert "were not reproduced here" not in text  # digits is the set petra_hub measured
     for name in FRAMEWORKS:
-        assert re.search(rf"^\| {name} \| \d+\.\d+", text, re.M), name
+        assert re.search(rf"^\| {re.escape(markdown_text(name))} \| \d+\.\d+", text, re.M), name  # petra\_hub
     assert "None" not in card.content
 
 
@@ -206,8 +206,9 @@ def test_the_card_names_the_delay_remedies(tmp_path):
     trainer.train()
     trainer.save_model(str(tmp_path / "saved"))
     text = load_card(tmp_path / "saved").text
-    assert "Weight prediction (petra_weight_prediction)" in text and "0.5 x each stage's delay" in text
-    assert "Delay-aware warm-up (petra_delay_lr_warmup) | 0.25 |" in text
+    # the rows' names are escaped as any text of the summary's extra rows
+    assert r"Weight prediction \(petra\_weight\_prediction\)" in text and "0.5 x each stage's delay" in text
+    assert r"Delay-aware warm-up \(petra\_delay\_lr\_warmup\) | 0.25 |" in text
 
 
 def percent_metrics(prediction):
@@ -373,7 +374,7 @@ def test_an_image_folder_with_a_transform_gets_a_card(tmp_path):
     trainer.create_model_card()
     text = load_card(tmp_path / "out").text
     assert f"Trained on {CUSTOM_DATASET} in mode" in text  # "imagefolder" is a file format, not a name
-    assert "| Classes | 3: LABEL_0, LABEL_1, LABEL_2 (transformers' placeholder names" in text  # 2 names, 3 labels
+    assert r"| Classes | 3: LABEL\_0, LABEL\_1, LABEL\_2 (transformers' placeholder names" in text  # 2 names, 3 labels
     assert "Accuracy (test split)" in text
     assert 'Image.open("path/to/image.png")' in text
 

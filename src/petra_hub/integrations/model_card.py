@@ -83,7 +83,9 @@ class TrainingSummary:
     label_column: str | None = None
     example_split: str | None = None
     # -- hyper-parameters
-    optimizer: str | None = None  # e.g. "`sgd`: SGD(momentum=0.9, nesterov=True)"
+    # optimizer, lr_schedule and eval_notes are Markdown, put into the card as given (escape what they quote from
+    # the user: model_card_text.markdown_text, code_span); every other text field is plain text the card escapes
+    optimizer: str | None = None  # e.g. "`sgd`: `SGD(momentum=0.9, nesterov=True)`"
     lr_schedule: str | None = None  # e.g. "cosine", "x0.1 at epochs 150, 225 (after the warm-up)"
     warmup_steps: int | None = None
     weight_decay: float | None = None
@@ -246,13 +248,15 @@ def _template_variables(summary: TrainingSummary, repo_id: str | None, config=No
     if label_names is None and spec is not None:
         label_names = list(spec.info.label_names)
     num_labels = config.num_labels if config is not None else (spec.info.num_labels if spec is not None else None)
-    dataset_description = summary.dataset_title or (spec.description if spec is not None else summary.dataset)
+    # the registry's description is petra_hub's own Markdown; a title or a name the user gave is escaped
+    dataset_description = words.markdown_text(summary.dataset_title) if summary.dataset_title else (
+        spec.description if spec is not None else words.markdown_text(summary.dataset))
     dataset_ids = _unique([summary.dataset_id, *summary.dataset_tags])
     dataset_label = dataset_description
     if dataset_ids or summary.dataset_config:
-        details = ", ".join(f"`{d}`" for d in dataset_ids)
+        details = ", ".join(words.code_span(d) for d in dataset_ids)
         if summary.dataset_config:
-            details += f"{', ' if details else ''}config `{summary.dataset_config}`"
+            details += f"{', ' if details else ''}config {words.code_span(summary.dataset_config)}"
         dataset_label = f"{dataset_description} ({details})"
     image_code, image_sentence = words.example_image(
         spec, summary.dataset_id, summary.dataset_config, summary.image_column, summary.label_column,
@@ -263,11 +267,14 @@ def _template_variables(summary: TrainingSummary, repo_id: str | None, config=No
     versions = summary.framework_versions if summary.framework_versions is not None else words.framework_versions()
     base_model = summary.base_model
     if base_model:
-        base_model = f"[{base_model}](https://huggingface.co/{base_model})" if words.is_hub_id(base_model) \
-            else f"`{base_model}`"
+        base_model = f"[{words.markdown_text(base_model)}](https://huggingface.co/{base_model})" \
+            if words.is_hub_id(base_model) else words.code_span(base_model)
+    # Every value is Markdown ready for the body: what comes from the user's data or arguments is escaped
+    # (words.markdown_text, words.code_span), and repo_id goes between the quotes of a Python string in the snippets.
+    task = summary.tasks[0] if summary.tasks else DEFAULT_TASK
     return {
-        "model_name": summary.model_name,
-        "repo_id": repo_id or f"your-namespace/{summary.model_name}",
+        "model_name": words.markdown_text(summary.model_name),
+        "repo_id": words.python_string_text(repo_id or f"your-namespace/{summary.model_name}"),
         "base_model_link": base_model or "",
         "model_type": family.model_type,
         "classifier_class": family.classifier_class.__name__,
@@ -280,7 +287,8 @@ def _template_variables(summary: TrainingSummary, repo_id: str | None, config=No
                                               image_processor=summary.image_processor),
         "has_image_processor": summary.image_processor,
         "num_labels": words.labels_text(label_names, num_labels),
-        "task": summary.tasks[0] if summary.tasks else DEFAULT_TASK,
+        # the template writes the task's backticks: a task no code span can hold comes escaped into them
+        "task": task if words.code_span(task) == f"`{task}`" else words.markdown_text(task),
         "mode": mode.value,
         "mode_description": mode.description,
         "mode_pipelined": mode.pipelined,
@@ -302,23 +310,26 @@ def _template_variables(summary: TrainingSummary, repo_id: str | None, config=No
         "max_grad_norm": words.text(summary.max_grad_norm),
         "label_smoothing": words.text(summary.label_smoothing),
         "seed": words.text(summary.seed),
-        "hardware": words.text(summary.hardware),
+        "hardware": words.markdown_text(words.text(summary.hardware)),
         "dataset_label": dataset_label,
         "dataset_description": dataset_description,
         "dataset_is_digits": words.is_sklearn_digits(spec),
         "eval_split": words.split_text(summary.eval_split),
         "eval_accuracy": words.accuracy_text(summary.eval_accuracy),
         "eval_loss": words.loss_text(summary.eval_loss),
-        "metric_rows": [(words.metric_label(key), words.metric_text(key, value)) for key, value in metrics.items()
-                        if key not in ("accuracy", "loss")],
+        "metric_rows": [(words.markdown_text(words.metric_label(key)),
+                         words.markdown_text(words.metric_text(key, value)))
+                        for key, value in metrics.items() if key not in ("accuracy", "loss")],
         "has_metrics": bool(metrics),
         "eval_notes": [str(note) for note in summary.eval_notes],
-        "extra_rows": [(str(key), words.text(value)) for key, value in summary.extra.items()],
+        "extra_rows": [(words.markdown_text(key), words.markdown_text(words.text(value)))
+                       for key, value in summary.extra.items()],
         "results_header": header,
         "results_rows": rows,
         "example_image_code": image_code,
         "example_image_sentence": image_sentence,
-        "framework_versions": list(versions.items()),
+        "framework_versions": [(words.markdown_text(name), words.markdown_text(version))
+                               for name, version in versions.items()],
     }
 
 

@@ -1,6 +1,11 @@
 """The words and code of a model card: values formatted for its tables, the architecture and input lines, the
 results table, the framework versions and the how-to snippet. Used by :mod:`petra_hub.integrations.model_card`;
 every function returns ready-made text (unknown values become :data:`NOT_RECORDED`).
+
+Text that comes from a user's data or arguments (class names, data set names and ids, model names, metric names,
+...) enters the Markdown body only through :func:`markdown_text` (or :func:`code_span`, which falls back to it),
+so that it renders literally: a class named ``<script>``, ``[x](javascript:...)``, ``# Owned`` or a lone code fence
+cannot add HTML, links, headings or code blocks to the card, nor swallow the rest of it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,46 @@ SPEED_SUFFIXES = ("_runtime", "_per_second", "_preparation_time", "_compilation_
 MAX_LISTED_LABELS = 20
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _SPLIT_NAME = re.compile(r"^[\w.-]+(\[[^\]]*\])?$")
+# Characters that start Markdown structure anywhere in a line: backslash first (it escapes the others), emphasis,
+# code, links and images, headings, table cells, strikethrough and code fences (~~~), math ($).
+_MARKDOWN_SPECIALS = re.compile(r"([\\`*_\[\]()#|!~$])")
+_HTML = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+# What a code span cannot show literally in every renderer (a backtick ends it, "|" ends a table cell, HTML).
+_NOT_IN_CODE_SPAN = re.compile(r"[`|<>&]")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# user text in Markdown
+
+
+def markdown_text(value: Any) -> str:
+    """`value` as Markdown that renders literally, on one line: HTML's ``&``, ``<`` and ``>`` become entities, the
+    characters that start Markdown structure (emphasis, code, links, images, headings, table cells, math) are
+    backslash-escaped, as is a list or rule marker that begins the text, and every run of white space
+    (line breaks included) becomes one space. "sweet_pepper" -> "sweet\\_pepper", "t-shirt/top" unchanged."""
+    folded = " ".join(str(value).split())
+    escaped = _MARKDOWN_SPECIALS.sub(r"\\\1", folded)
+    escaped = "".join(_HTML.get(char, char) for char in escaped)
+    # a marker that would begin a list ("- a", "1. a"), a rule ("---") or a setext underline ("===") where the text
+    # begins a line of the card (the description begins with the model name); "-0.5" and "0.5" are no markers
+    escaped = re.sub(r"^(\d{1,9})\.(?= |$)", r"\1\\.", escaped)
+    return re.sub(r"^([-+=])(?=[-+= ]|$)", r"\\\1", escaped)
+
+
+def code_span(value: Any) -> str:
+    """`value` as inline code (`` `uoft-cs/cifar10` ``): where it holds a character a code span cannot show literally
+    (a backtick, "|", "<", ">", "&"), or nothing, :func:`markdown_text` of it instead."""
+    folded = " ".join(str(value).split())
+    if not folded or _NOT_IN_CODE_SPAN.search(folded):
+        return markdown_text(folded)
+    return f"`{folded}`"
+
+
+def python_string_text(value: Any) -> str:
+    """What goes between the double quotes of a Python string literal in a snippet (``from_pretrained("{}")``): the
+    JSON escapes of `value` (quotes, backslashes, line breaks), so that the literal holds `value` and the code block
+    cannot end inside it."""
+    return _literal(value)[1:-1]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -49,7 +94,7 @@ def split_text(split: str | None) -> str:
     as given otherwise ("held-out 15% of train"), "evaluation set" when unknown."""
     if split is None or not str(split).strip():
         return "evaluation set"
-    return f"{split} split" if _SPLIT_NAME.match(str(split)) else str(split)
+    return f"{markdown_text(split)} split" if _SPLIT_NAME.match(str(split)) else markdown_text(split)
 
 
 def parameters_text(count: int | None) -> str:
@@ -126,13 +171,14 @@ def architecture(preset: str | None, config=None) -> tuple[str, str]:
     elif paper is not None:
         layout = paper
     else:
-        return (preset or "a custom RevNet"), "custom RevNet configuration (see `config.json`)"
+        name = markdown_text(preset) if preset else "a custom RevNet"
+        return name, "custom RevNet configuration (see `config.json`)"
     # The paper's RevNets downsample with buffered (non-reversible) blocks; invertible ones are other networks.
     buffered = config is None or config.downsampling == "buffered"
     if paper is not None and buffered and all(layout[name] == paper[name] for name in paper):
         name = f"RevNet-{key.removeprefix('revnet')}"
     else:
-        name = f"a custom RevNet (derived from {preset})" if preset else "a custom RevNet"
+        name = f"a custom RevNet (derived from {markdown_text(preset)})" if preset else "a custom RevNet"
     widths = layout["hidden_sizes"] if buffered else config.stream_widths()
     description = (
         f"{layout['block_type']} blocks in layers of {'/'.join(str(d) for d in layout['depths'])} "
@@ -154,11 +200,12 @@ def _revvit_architecture(family: ModelFamily, preset: str | None, config=None) -
     paper = family.presets[key] if key else None
     source = config if config is not None else (family.config_class.from_preset(key) if key else None)
     if source is None:
-        return (preset or "a custom RevViT"), "custom RevViT configuration (see `config.json`)"
+        name = markdown_text(preset) if preset else "a custom RevViT"
+        return name, "custom RevViT configuration (see `config.json`)"
     if paper is not None and all(getattr(source, name) == value for name, value in paper.items()):
         name = REVVIT_SHORT_NAMES[key]
     else:
-        name = f"a custom RevViT (derived from {preset})" if preset else "a custom RevViT"
+        name = f"a custom RevViT (derived from {markdown_text(preset)})" if preset else "a custom RevViT"
     description = (
         f"{source.num_hidden_layers} reversible transformer blocks, width {source.hidden_size} per stream, "
         f"{source.num_attention_heads} attention heads, MLP {source.mlp_ratio:g}x, {source.patch_size}x"
@@ -226,11 +273,12 @@ def input_text(
 
 
 def labels_text(names: Sequence[str] | None, count: int | None) -> str:
-    """"10: 0, 1, ..., 9"; long lists are cut (all names are in `config.json`)."""
+    """"10: 0, 1, ..., 9"; long lists are cut (all names are in `config.json`). Each name is escaped
+    (:func:`markdown_text`): class names come from the user's data."""
     if not names:
         return text(count)
     count = count or len(names)
-    shown = ", ".join(str(name) for name in names[:MAX_LISTED_LABELS])
+    shown = ", ".join(markdown_text(name) for name in names[:MAX_LISTED_LABELS])
     if len(names) > MAX_LISTED_LABELS:
         shown += f", ... (all {len(names)} names in `config.json`)"
     if list(names) == [f"LABEL_{i}" for i in range(len(names))]:
@@ -248,14 +296,16 @@ def is_hub_id(name: str | None) -> bool:
 
 def results_table(rows: Iterable[Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of the results table: epoch, step, training loss, then every metric column in the order the
-    metrics first appear. A row is a dict with "epoch", "step", "training_loss" and metric names."""
+    metrics first appear. A row is a dict with "epoch", "step", "training_loss" and metric names (compute_metrics
+    names them: escaped, as their values)."""
     rows = list(rows)
     columns: list[str] = []
     for row in rows:
         for key in row:
             if key not in ("epoch", "step", "training_loss") and key not in columns:
                 columns.append(key)
-    header = ["Epoch", "Step", "Training loss", *(f"Eval {metric_key(key).replace('_', ' ')}" for key in columns)]
+    header = ["Epoch", "Step", "Training loss",
+              *(f"Eval {markdown_text(metric_key(key).replace('_', ' '))}" for key in columns)]
     body = []
     for row in rows:
         epoch, step, loss = row.get("epoch"), row.get("step"), row.get("training_loss")
@@ -264,7 +314,8 @@ def results_table(rows: Iterable[Mapping[str, Any]]) -> tuple[list[str], list[li
             MISSING_CELL if step is None else str(step),
             MISSING_CELL if loss is None else loss_text(loss),
         ]
-        cells += [MISSING_CELL if row.get(key) is None else metric_text(key, row[key]) for key in columns]
+        cells += [MISSING_CELL if row.get(key) is None else markdown_text(metric_text(key, row[key]))
+                  for key in columns]
         body.append(cells)
     return header, body
 
@@ -329,8 +380,10 @@ def example_image(
         )
         if label_column:
             code += f"\nprint(\"true label:\", example[{_literal(label_column)}])"
-        sentence = (f"The example classifies the first image of the `{split}` split of the Hub data set "
-                    f"[`{dataset_id}`](https://huggingface.co/datasets/{dataset_id}) (`pip install datasets`).")
+        where = (f"[`{dataset_id}`](https://huggingface.co/datasets/{dataset_id})" if is_hub_id(dataset_id)
+                 else code_span(dataset_id))
+        sentence = (f"The example classifies the first image of the {code_span(split)} split of the Hub data set "
+                    f"{where} (`pip install datasets`).")
         return code, sentence
     code = (
         "from PIL import Image\n"

@@ -21,7 +21,15 @@ from ..data import dataset_spec, image_processor_for
 from ..integrations.hub import name_generic_labels
 from ..integrations.model_card import TrainingSummary
 from .optimization import stage_optimizer
-from ..integrations.model_card_text import is_hub_id, is_number, is_speed_metric, metric_key, percentage_problem
+from ..integrations.model_card_text import (
+    code_span,
+    is_hub_id,
+    is_number,
+    is_speed_metric,
+    markdown_text,
+    metric_key,
+    percentage_problem,
+)
 from .card_data import (
     apply_card_arguments,
     class_names,
@@ -73,26 +81,29 @@ def _learning_rate(value) -> float | None:
 def optimizer_and_learning_rate(trainer) -> tuple[str, float | None]:
     """(the Optimizer row, the learning rate the stages start from) of the stages' optimizer
     (`optimization.stage_optimizer`): `args.optim`, or `optimizer_cls_and_kwargs`, and the keyword arguments it gets
-    (without "lr": the class's default rate)."""
+    (without "lr": the class's default rate). The row is Markdown: the call is a code span, `optim_args` (the
+    user's words) escaped text."""
     args = trainer.args
     name = "optimizer_cls_and_kwargs" if trainer.optimizer_cls_and_kwargs is not None else \
         getattr(args.optim, "value", args.optim)
     try:
         cls, kwargs = stage_optimizer(trainer)
     except (ImportError, RuntimeError, ValueError):  # an optimizer this environment cannot build: say what was asked
-        return f"`{name}`" + (f" ({args.optim_args})" if args.optim_args else ""), args.micro_batch_learning_rate()
+        return (f"`{name}`" + (f" ({markdown_text(args.optim_args)})" if args.optim_args else ""),
+                args.micro_batch_learning_rate())
     rate = _learning_rate(kwargs["lr"]) if "lr" in kwargs else _default_learning_rate(cls)
-    return f"`{name}`: {_optimizer_call(cls, kwargs)}", rate
+    return f"`{name}`: {code_span(_optimizer_call(cls, kwargs))}", rate
 
 
 def schedule_text(args, warmup_steps: int | None) -> str:
+    """The LR schedule row (Markdown: the scheduler's keyword arguments, the user's, are escaped)."""
     milestones = args.milestones()
     warmup = "linear warm-up, then " if warmup_steps else ""
     if milestones:
         epochs = ", ".join(f"{m:g}" for m in milestones)
         return f"{warmup}x{args.petra_lr_gamma:g} at epochs {epochs} (petra_lr_milestones)"
     name = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
-    options = f" {args.lr_scheduler_kwargs}" if args.lr_scheduler_kwargs else ""
+    options = f" {markdown_text(args.lr_scheduler_kwargs)}" if args.lr_scheduler_kwargs else ""
     return f"{warmup}{name}{options}"
 
 
@@ -145,8 +156,9 @@ def refuse_percentages(final: dict, results: list[dict]) -> list[str]:
                 refused.setdefault(metric_key(key), (value, problem))
     notes = []
     for key, (value, problem) in refused.items():
-        notes.append(f"compute_metrics returned `{key}` = {value:g}: {problem}; this card leaves it out.")
-        warnings.warn(f"model card: {notes[-1][:-1]} (return accuracies as fractions in [0, 1])", stacklevel=2)
+        notes.append(f"compute_metrics returned {code_span(key)} = {value:g}: {problem}; this card leaves it out.")
+        warnings.warn(f"model card: compute_metrics returned `{key}` = {value:g}: {problem}; this card leaves it out "
+                      "(return accuracies as fractions in [0, 1])", stacklevel=2)
     return notes
 
 
@@ -162,10 +174,11 @@ def final_metrics(trainer, prefix: str = "eval_") -> dict:
 
 
 def _other_sets_note(eval_dataset) -> list[str]:
-    """The note that names the eval data sets of a dict that the card does not report."""
+    """The note that names the eval data sets of a dict that the card does not report (Markdown: their keys are
+    escaped)."""
     if not isinstance(eval_dataset, dict) or len(eval_dataset) < 2:
         return []
-    first, *others = (f"`{key}`" for key in eval_dataset)
+    first, *others = (code_span(key) for key in eval_dataset)
     return [f"The run evaluated a dict of data sets; this card reports the first, {first}. The metrics of "
             f"{', '.join(others)} (named `eval_<key>_...`) are in the run's log history (`trainer_state.json`) only."]
 
