@@ -103,9 +103,10 @@ def test_an_unwritable_or_full_output_dir_fails_before_the_first_step(tmp_path, 
 def test_another_runs_folder_is_refused_unless_overwritten(tmp_path):
     make_trainer(tmp_path, max_steps=2, save_strategy="steps", save_steps=2).train()
     with pytest.raises(FileExistsError, match="already holds another run"):
-        make_trainer(tmp_path, max_steps=2).train()
+        make_trainer(tmp_path, max_steps=2, overwrite_output_dir=False).train()
     # Resuming the folder's own checkpoint is not "another run".
-    make_trainer(tmp_path, max_steps=4).train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    make_trainer(tmp_path, max_steps=4, overwrite_output_dir=False).train(
+        resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
     make_trainer(tmp_path, max_steps=2, overwrite_output_dir=True).train()
     assert not (tmp_path / "checkpoint-2").exists()  # the earlier run's checkpoints went with it
 

@@ -75,10 +75,12 @@ class PetraTrainingArguments(TrainingArguments):
         metadata={"help": "D pipeline replicas over the W = P x D processes; each replica reads its own share."},
     )
     overwrite_output_dir: bool = field(
-        default=False,
+        default=True,
         metadata={
-            "help": "Train into an output_dir that holds another run (refused otherwise): its checkpoints, metrics, "
-                    "model files and model card are removed first; other files stay."
+            "help": "A second run into the same output_dir replaces the earlier run's outputs, as transformers' "
+                    "Trainer trains into it again: its checkpoints, metrics, model files and model card are removed "
+                    "first (logged by name); other files stay, and nothing is removed when resuming from one of the "
+                    "folder's own checkpoints. False refuses a folder that holds another run instead."
         },
     )
     petra_timeout: float = field(

@@ -112,10 +112,12 @@ class RecipeTrainingArguments(PetraTrainingArguments):
     optim_args: str | None = _recipe_default("optim_args", "momentum=0.9,nesterov=True")
     remove_unused_columns: bool = _recipe_default("remove_unused_columns", False)  # transforms need the image column
     overwrite_output_dir: bool = field(
-        default=False,
-        metadata={"help": "Train into an output_dir that holds another run (refused otherwise): before training, the "
-                          "earlier run's checkpoints, metrics (*_results.json/txt), model files, model card and code "
-                          "files are removed (logged by name); other files stay."},
+        default=True,
+        metadata={"help": "A second run into the same output_dir replaces the earlier run's outputs, as transformers' "
+                          "Trainer trains into it again: before training, its checkpoints, metrics "
+                          "(*_results.json/txt), model files, model card and code files are removed (logged by name); "
+                          "other files stay, and nothing is removed when resuming from one of the folder's own "
+                          "checkpoints. False refuses a folder that holds another run instead."},
     )
 
 

@@ -347,7 +347,9 @@ TRAINING_ARGUMENT_SUPPORT: dict[str, FieldSupport] = {
     ),
     # -- added back by PetraTrainingArguments (transformers 5 dropped it) ---------------------------------------------
     "overwrite_output_dir": _honoured(
-        "train into an output_dir that holds another run (refused otherwise): before training, that run's "
-        "checkpoints, metrics, model files and model card are removed, named in a log line; other files stay"
+        "true by default: a second run into the same output_dir replaces the earlier run's outputs, as transformers' "
+        "Trainer trains into it again (before training, that run's checkpoints, metrics, model files and model card "
+        "are removed, named in a log line; other files stay; nothing is removed when resuming from one of the "
+        "folder's own checkpoints); false refuses a folder that holds another run"
     ),
 }
