@@ -50,6 +50,12 @@ def check_first_batch(model, collator, dataset, what: str = "train_dataset") -> 
     try:
         batch = collator(items)
     except Exception as error:
+        unlabelled = _unlabelled_item(items, getattr(collator, "label_column", None))
+        if unlabelled is not None:  # the collator's error would not say which item, nor why
+            index, column = unlabelled
+            raise ValueError(no_label_message(f"{what} (column {column!r})", index,
+                                              getattr(model.config, "num_labels", None),
+                                              getattr(model.config, "problem_type", None))) from error
         keys = sorted(items[0]) if isinstance(items[0], dict) else type(items[0]).__name__
         raise ValueError(
             f"the data collator failed on the first items of {what} (items hold {keys}): {type(error).__name__}: "
@@ -77,6 +83,26 @@ def check_first_batch(model, collator, dataset, what: str = "train_dataset") -> 
             f"labels must lie in [0, {num_labels - 1}] ({IGNORE_INDEX} marks an image the loss ignores), got "
             f"{labels.tolist()} in the first items of {what}"
         )
+
+
+def _unlabelled_item(items: list, label_column: str | None = None) -> tuple[int, str] | None:
+    """(index, key) of the first item whose label (`label_column`, else "labels" or "label") is None."""
+    keys = [key for key in (label_column, "labels", "label") if key]
+    for index, item in enumerate(items):
+        key = next((key for key in keys if isinstance(item, dict) and key in item), None)
+        if key is not None and item[key] is None:
+            return index, key
+    return None
+
+
+def no_label_message(of: str, index: int, num_labels: int | None, problem_type: str | None = None) -> str:
+    """What the checks say of an item whose label is None (an empty cell of a label column): which item, not "float
+    labels", which is what the NaN a float tensor makes of None would suggest."""
+    if problem_type == "single_label_classification" or problem_type is None and (num_labels or 0) > 1:
+        needed = "a class index"
+    else:
+        needed = "a label (its targets)"
+    return f"{of} has no label for item {index} (None): every training item needs {needed}"
 
 
 def make_loader(args, collator, dataset, batch_size: int, sampler=None) -> DataLoader:
@@ -163,10 +189,13 @@ def check_all_labels(dataset, num_labels: int | None, what: str = "train_dataset
     value per item cannot be the targets of several classes. Data sets that only produce labels when read (a plain
     torch Dataset, a stream) are checked batch by batch by the loss instead. A `datasets.Dataset`'s label column is
     the one the collator reads (its `label_column`, as the recipe's ImageClassificationCollator has), else the one
-    its transform names (the recipe's ApplyTransform), else "labels" or "label". Returns the labels it checked (None
-    where there were none to read), for `labels_digest`: the column is read once."""
-    labels, column = _all_labels(dataset, getattr(collator, "label_column", None))
+    its transform names (the recipe's ApplyTransform), else "labels" or "label". An item whose label is None (an
+    empty cell of the column; a list of labels holding None) is refused as such, by its index. Returns the labels it
+    checked (None where there were none to read), for `labels_digest`: the column is read once."""
+    labels, column, missing = _all_labels(dataset, getattr(collator, "label_column", None))
     of = f"{what} (column {column!r})" if column else what
+    if missing is not None:
+        raise ValueError(no_label_message(of, missing, num_labels, problem_type))
     if labels is not None and labels.is_floating_point() and labels.dim() == 1 and (num_labels or 0) > 1:
         raise ValueError(f"{of} has floating-point labels ({labels[:5].tolist()}, ...), one per item: class labels "
                          f"must be integers (multi-label and regression targets are [items, {num_labels}])")
@@ -183,18 +212,31 @@ def check_all_labels(dataset, num_labels: int | None, what: str = "train_dataset
     return labels
 
 
-def _all_labels(dataset, label_column: str | None = None) -> tuple[torch.Tensor | None, str | None]:
+def _all_labels(dataset, label_column: str | None = None) -> tuple[torch.Tensor | None, str | None, int | None]:
+    """(labels, the column they come from, the first item whose label is None). A float tensor would hold a None as
+    NaN (and "float labels" would be the wrong complaint): the column's empty cells are looked for first, in Arrow."""
     labels = getattr(dataset, "labels", None)
     if torch.is_tensor(labels):
-        return labels, None
+        return labels, None, None
+    if isinstance(labels, (list, tuple)):  # a plain data set's list of labels, read when it is: only its gaps here
+        missing = next((index for index, label in enumerate(labels) if label is None), None)
+        if missing is not None:
+            return None, None, missing
     import datasets
 
     if not isinstance(dataset, datasets.Dataset):  # a stream (datasets.IterableDataset) is read only once, in training
-        return None, None
+        return None, None, None
     transform = (dataset.format.get("format_kwargs") or {}).get("transform")
     named = label_column or getattr(transform, "label_column", None)
     candidates = (named,) if named else ("labels", "label")
     column = next((name for name in candidates if name in dataset.column_names), None)
     if column is None:  # its label column, read without transforms
-        return None, None
-    return torch.as_tensor(dataset.select_columns([column]).with_format("numpy")[column]), column
+        return None, None, None
+    if dataset.data.column(column).null_count:  # the table's count; the items the set keeps may have none
+        import pyarrow.compute
+
+        cells = dataset.select_columns([column]).with_format("arrow")[column]
+        missing = pyarrow.compute.index(cells.is_null(), True).as_py()
+        if missing >= 0:
+            return None, column, missing
+    return torch.as_tensor(dataset.select_columns([column]).with_format("numpy")[column]), column, None
