@@ -15,6 +15,8 @@ checkpoint may come from someone else, and loading it must never run code.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
@@ -26,12 +28,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 from transformers import TrainerState
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, rotate_checkpoints
-from transformers.trainer_utils import HubStrategy, sort_checkpoints
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, HubStrategy, get_last_checkpoint
 
 from ..engine import Pipeline
+from .agreement import checkpoints_on_disk, from_rank_zero
 from .card import write_run_card
 from .distributed import barrier, process_rank
+from .guards import checkpoint_bytes
 from .rng_state import RNG_STATE_PATTERN, read_rng_state, save_rng_state
 
 PETRA_STATE_NAME = "petra_state.json"
@@ -81,8 +84,9 @@ class PetraState:
             state = cls(**json.loads(path.read_text()))
         except FileNotFoundError:
             raise FileNotFoundError(f"{folder} is not a PETRA checkpoint: it lacks {PETRA_STATE_NAME}") from None
-        except (ValueError, TypeError) as error:
-            raise ValueError(f"{path} is unreadable (the checkpoint is incomplete or corrupt): {error}") from None
+        except (ValueError, TypeError, RecursionError) as error:
+            raise ValueError(f"{path} is unreadable (the checkpoint is incomplete or corrupt): {type(error).__name__}: "
+                             f"{error}") from None
         wrong = [key for key, least in _COUNTS.items() if not _count_or_none(getattr(state, key), least)]
         texts = ("mode", "dataset", "optimizer", "train_labels")
         wrong += [key for key in texts if not isinstance(getattr(state, key), (str, type(None)))]
@@ -156,23 +160,32 @@ def checkpoint_to_resume(value: str | bool | None, output_dir: str, num_stages: 
     return str(value)
 
 
-def load_trainer_state(folder: str) -> TrainerState:
-    """The `trainer_state.json` of checkpoint `folder` (errors name the file). A best checkpoint it names that no
-    longer exists is forgotten, with a warning, as Trainer does (the run's folder was moved or pruned)."""
+def load_trainer_state(folder: str, run_dir: str) -> TrainerState:
+    """The `trainer_state.json` of checkpoint `folder` (errors name the file), its best checkpoint derived inside
+    `run_dir`, the folder this run saves into, from `best_global_step`: a path read from a checkpoint is never used
+    (it may name any folder, and one outside `run_dir` would be loaded at the end and protected from rotation). Where
+    `run_dir` holds no checkpoint of that step (resumed from another folder's checkpoint, or pruned), the best
+    checkpoint is forgotten with a warning and, as in Trainer, the best metric stays, so that only a better model
+    is named the best."""
     path = os.path.join(folder, "trainer_state.json")
     state = _read_trainer_state(path)
-    if state.best_model_checkpoint is not None and not os.path.isdir(state.best_model_checkpoint):
-        logger.warning("the best checkpoint %s that %s names does not exist anymore; it is ignored for this run",
-                       state.best_model_checkpoint, path)
-        state.best_model_checkpoint = None
+    named, state.best_model_checkpoint = state.best_model_checkpoint, None
+    if state.best_global_step:
+        best = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.best_global_step}")
+        if Path(best, "model.safetensors").is_file():
+            state.best_model_checkpoint = best
+        else:
+            logger.warning("the best checkpoint that %s names (step %d, %s) does not exist anymore in %s; it is "
+                           "ignored for this run", path, state.best_global_step, named, run_dir)
     return state
 
 
 def _read_trainer_state(path: str) -> TrainerState:
     try:
         state = TrainerState.load_from_json(path)
-    except (TypeError, ValueError, KeyError) as error:
-        raise ValueError(f"{path} is not a trainer state transformers can read: {error}") from None
+    except (TypeError, ValueError, KeyError, RecursionError) as error:
+        raise ValueError(f"{path} is not a trainer state transformers can read: {type(error).__name__}: "
+                         f"{error}") from None
     counts = {"global_step": state.global_step, "max_steps": state.max_steps}
     wrong = [key for key, value in counts.items() if not _count_or_none(value, 0) or value is None]
     if wrong or not isinstance(state.log_history, list):
@@ -236,38 +249,66 @@ def load_stage_states(folder: str | Path, pipeline: Pipeline) -> None:
                          f"this run's optimizers and schedulers ({type(error).__name__}: {error})") from error
 
 
-def save_checkpoint_files(trainer, folder: str, final: str, state: PetraState) -> None:
+def save_checkpoint_files(trainer, folder: str, state: PetraState) -> None:
     """Everything a checkpoint holds beside the model folder: the stages' optimizer states (written by replica 0's
-    ranks), every rank's random generators, then, on the saving rank, `petra_state.json`, the callbacks' states and
-    `trainer_state.json` (with the best checkpoint so far). `final` is where the checkpoint will be published."""
+    ranks), every rank's random generators, then, on the saving rank, `petra_state.json` and `trainer_state.json`."""
     os.makedirs(folder, exist_ok=True)
     if trainer.pipeline.replica == 0:
         save_stage_states(folder, trainer.pipeline)
     save_rng_state(folder, process_rank())
-    if not trainer.args.should_save:
-        return
-    state.save(folder)
+    if trainer.args.should_save:
+        state.save(folder)
+        trainer.state.save_to_json(os.path.join(folder, "trainer_state.json"))
+
+
+def record_callback_states(trainer) -> None:
+    """The callbacks' states go into the trainer state a checkpoint saves, on every rank (as Trainer does)."""
     for callback in trainer._exportable_callbacks():
         name = callback.__class__.__name__
         if isinstance(trainer.state.stateful_callbacks.get(name), list):
             trainer.state.stateful_callbacks[name].append(callback.state())
         else:
             trainer.state.stateful_callbacks[name] = callback.state()
-    if trainer.state.best_global_step:
-        best = os.path.join(os.path.dirname(final), f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.best_global_step}")
-        if best == final or os.path.isdir(best):
-            trainer.state.best_model_checkpoint = best
-    trainer.state.save_to_json(os.path.join(folder, "trainer_state.json"))
 
 
-def rotate(trainer, run_dir: str) -> None:
-    """Delete old checkpoints beyond `save_total_limit`, never the best one (only after a new one is published)."""
-    rotate_checkpoints(
-        output_dir=run_dir,
-        save_total_limit=trainer.args.save_total_limit,
-        best_model_checkpoint=trainer.state.best_model_checkpoint,
-        use_mtime=False,
-    )
+def best_checkpoint(state: TrainerState, run_dir: str, final: str) -> str | None:
+    """The best checkpoint so far: the one of step `best_global_step` in `run_dir`, once published (or `final`,
+    being written), as Trainer decides it; None while there is none."""
+    if not state.best_global_step:
+        return None
+    best = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.best_global_step}")
+    return best if best == final or os.path.isdir(best) else None
+
+
+def checkpoint_step(path: str) -> int:
+    return int(os.path.basename(os.path.normpath(path)).rsplit("-", 1)[1])
+
+
+def rotate(trainer, run_dir: str, final: str) -> None:
+    """After `final` is published: delete the checkpoints numbered beyond it, which belong to a continuation the run
+    abandoned when it resumed from an earlier checkpoint (so that `resume_from_checkpoint=True` never returns to it),
+    then the oldest beyond `save_total_limit`, never `final` nor the best one."""
+    step = checkpoint_step(final)
+    checkpoints = [os.path.join(run_dir, name) for name in checkpoints_on_disk(run_dir)]
+    abandoned = [path for path in checkpoints if checkpoint_step(path) > step]
+    if abandoned:
+        logger.warning("deleted %s: checkpoints beyond step %d, of the continuation this run abandoned when it "
+                       "resumed from an earlier checkpoint", ", ".join(map(os.path.basename, abandoned)), step)
+    for path in abandoned:
+        shutil.rmtree(path, ignore_errors=True)
+    limit = trainer.args.save_total_limit
+    if not limit or limit <= 0:
+        return
+    kept = [path for path in checkpoints if path not in abandoned]
+    best = trainer.state.best_model_checkpoint
+    protected = {checkpoint_step(final)} | ({checkpoint_step(best)} if best else set())
+    remaining = len(kept)
+    for path in kept:  # oldest first
+        if remaining <= max(limit, len(protected)):
+            break
+        if checkpoint_step(path) not in protected:
+            shutil.rmtree(path, ignore_errors=True)
+            remaining -= 1
 
 
 def end_with_the_best(trainer, run_dir: str) -> None:
@@ -278,10 +319,12 @@ def end_with_the_best(trainer, run_dir: str) -> None:
         return
     if trainer.args.load_best_model_at_end:
         load_best_model(trainer.model, best)
-    if trainer.args.should_save and trainer.args.save_total_limit == 1:
-        for checkpoint in sort_checkpoints(run_dir, best_model_checkpoint=best):
-            if not os.path.samefile(checkpoint, best):
-                shutil.rmtree(checkpoint, ignore_errors=True)
+    if trainer.args.save_total_limit == 1:
+        if trainer.args.should_save:
+            for name in checkpoints_on_disk(run_dir):
+                if checkpoint_step(name) != checkpoint_step(best):
+                    shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
+        barrier(f"see the checkpoints other than the best deleted from {run_dir}")
 
 
 def load_best_model(model: torch.nn.Module, checkpoint: str | Path) -> None:
@@ -322,18 +365,49 @@ def copy_repository_files(checkpoint: str, output_dir: str) -> None:
 def write_checkpoint(trainer, run_dir: str, state: PetraState) -> None:
     """Write `checkpoint-N` whole or not at all (call it on every rank): into `_tmp-checkpoint-N`, then checked and
     renamed by the saving rank, which only then gives it its card, rotates old checkpoints out and pushes (per
-    `hub_strategy`)."""
+    `hub_strategy`). The best checkpoint is decided by rank 0 and is the same on every rank."""
     final = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}")
     staging = staging_dir(final)
     if trainer.args.should_save:
         shutil.rmtree(staging, ignore_errors=True)  # left by a run killed while saving
-    trainer.save_model(staging, _internal_call=True)
-    save_checkpoint_files(trainer, staging, final, state)
+    with device_room(trainer, staging, run_dir):
+        trainer.save_model(staging, _internal_call=True)
+        record_callback_states(trainer)
+        best = best_checkpoint(trainer.state, run_dir, final)
+        trainer.state.best_model_checkpoint = from_rank_zero(best, "the best checkpoint")
+        save_checkpoint_files(trainer, staging, state)
     barrier(f"write their parts of {final}")
     if trainer.args.should_save:
         publish_checkpoint(staging, final, state.num_stages)
         write_checkpoint_card(trainer, final)
-        rotate(trainer, run_dir)
+        rotate(trainer, run_dir, final)
     if trainer.args.push_to_hub:
         trainer._push_from_checkpoint(final)
     barrier(f"see {final} published")
+
+
+@contextlib.contextmanager
+def device_room(trainer, staging: str, run_dir: str):
+    """A checkpoint that cannot be written because its device is full is an OSError that says so, names the file
+    being written and the last complete checkpoint (the half-written one is removed, to give the room back)."""
+    try:
+        yield
+    except (OSError, RuntimeError) as error:
+        full = isinstance(error, OSError) and error.errno == errno.ENOSPC
+        try:
+            full = full or shutil.disk_usage(run_dir).free < checkpoint_bytes(trainer.model)
+        except OSError:
+            pass
+        if not full:
+            raise
+        written = sorted(Path(staging).glob("*"), key=lambda path: path.stat().st_mtime) if os.path.isdir(staging) \
+            else []
+        last = get_last_checkpoint(run_dir) if os.path.isdir(run_dir) else None
+        shutil.rmtree(staging, ignore_errors=True)
+        raise OSError(
+            errno.ENOSPC,
+            f"the device holding {run_dir} is full: writing {written[-1] if written else staging} failed "
+            f"({type(error).__name__}: {error}). The checkpoint of step {trainer.state.global_step} was not "
+            f"published; the last complete checkpoint is {last or 'none (no checkpoint was written yet)'}. Free "
+            "space (or lower save_total_limit) and resume from it",
+        ) from error

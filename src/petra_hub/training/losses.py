@@ -83,12 +83,16 @@ def collect(pending: LossWindow, global_step: int, last_stage: int) -> LossWindo
 
 def grad_norm(pipeline: Pipeline, replicas: int) -> float | None:
     """The norm over all stages of their last averaged gradients, before clipping (a collective); None before any
-    stage has updated."""
-    norms = [c.grad_norm for c in pipeline.counters().values() if c.grad_norm is not None]
-    total = all_reduce_sum(torch.tensor([sum(n**2 for n in norms), len(norms)], dtype=torch.float64))
-    if total[1] == 0:
+    stage has updated. Each stage's square travels in its own slot and the squares are summed in stage order, so the
+    norm is the same to the last bit on any number of processes."""
+    squares = torch.zeros(2, pipeline.num_stages, dtype=torch.float64)
+    for index, counter in pipeline.counters().items():
+        if counter.grad_norm is not None:
+            squares[:, index] = torch.tensor([counter.grad_norm**2, 1.0], dtype=torch.float64)
+    squares = all_reduce_sum(squares)
+    if not squares[1].any():
         return None
-    return math.sqrt(float(total[0]) / replicas)  # replicas hold equal gradients
+    return math.sqrt(sum(float(square) for square in squares[0]) / replicas)  # replicas hold equal gradients
 
 
 def reconstruction_error(pipeline: Pipeline, args) -> dict[str, float]:

@@ -23,9 +23,10 @@ from transformers import Trainer
 from transformers.trainer_callback import ExportableState, TrainerState
 from transformers.trainer_utils import PredictionOutput, TrainOutput, speed_metrics
 
-from ..engine import Pipeline, group_sizes, merge_stages, replica_of
+from ..engine import Pipeline, PipelineError, group_sizes, merge_stages, replica_of
 from ..engine.optim import decayed_by_the_paper
 from .arguments import PetraTrainingArguments
+from .agreement import agreed_control, check_ranks_agree, from_rank_zero
 from .batches import check_all_labels, check_first_batch, data_seed, dataset_label, epoch_batches, make_loader
 from .batches import labels_digest, plan_steps, repeated_first_batch, split_batch
 from .card import name_labels, save_run_folder, write_run_card
@@ -33,7 +34,7 @@ from .card_data import record_evaluation
 from .checkpoint import PetraState, checkpoint_to_resume, end_with_the_best, load_stage_states, load_trainer_state
 from .checkpoint import copy_repository_files, pushes_now, write_checkpoint
 from .distributed import broadcast_module, check_same_run, check_shared_output_dir, process_rank
-from .distributed import barrier, raise_on_every_rank, world_size
+from .distributed import raise_on_every_rank, world_size
 from .evaluation import eval_set_named, run_inference
 from .fidelity import GradientFidelityCallback
 from .guards import RunLock, check_finite, preflight
@@ -189,7 +190,7 @@ class PetraTrainer(Trainer):
         self.state.compute_steps(args, max_steps)
         self._micro_batches_fed, self._position = 0, (0, 0)
         if resume_from_checkpoint is not None:
-            self.state = load_trainer_state(resume_from_checkpoint)
+            self.state = load_trainer_state(resume_from_checkpoint, self._get_output_dir(trial=trial))
             self._load_callback_state()
             saved = PetraState.load(resume_from_checkpoint)
             saved.check_compatible(self._run_state(), resume_from_checkpoint)
@@ -264,7 +265,9 @@ class PetraTrainer(Trainer):
         self.store_flos()
         metrics["total_flos"] = self.state.total_flos
         self.log(metrics)
-        end_with_the_best(self, self._get_output_dir(trial=trial))
+        run_dir = self._get_output_dir(trial=trial)
+        end_with_the_best(self, run_dir)
+        check_ranks_agree(self.state, run_dir, "at the end of training")
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         return TrainOutput(self.state.global_step, metrics["train_loss"], metrics)
 
@@ -337,17 +340,34 @@ class PetraTrainer(Trainer):
         self._model_synced = True
 
     def _log_save_evaluate(self, trial=None, ignore_keys_for_eval=None) -> None:
+        """What the callbacks decided at a step or epoch end, as rank 0's callbacks decided it (`agreed_control`), so
+        that every rank evaluates, saves and stops at the same steps; after an evaluation or a save, the ranks'
+        trainer states and checkpoints are compared (`check_ranks_agree`)."""
+        self.control = agreed_control(self.control, "decision at step end")
         if self.control.should_log and self.state.global_step > self._globalstep_last_logged:
             self._log_training()
+        drained = self.control.should_evaluate or self.control.should_save
         if self.control.should_evaluate:
             self._evaluate_and_track(trial, ignore_keys_for_eval)
+            self.control = agreed_control(self.control, "decision after evaluating")
         if self.control.should_save:
             self._save_checkpoint(self.model, trial)
             self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+            self.control = agreed_control(self.control, "decision after saving")
+        if drained:
+            check_ranks_agree(self.state, self._get_output_dir(trial=trial), f"at global step {self.state.global_step}")
 
     def _evaluate_and_track(self, trial, ignore_keys_for_eval) -> None:
         metrics = self.evaluate(ignore_keys=ignore_keys_for_eval)
         self._determine_best_metric(metrics=metrics, trial=trial)
+
+    def _determine_best_metric(self, metrics: dict[str, float], trial) -> bool:
+        """Trainer's choice of the best metric and step, made by rank 0 (from the metrics every rank holds) and the
+        same on every rank."""
+        is_new_best = super()._determine_best_metric(metrics=metrics, trial=trial)
+        best = from_rank_zero([self.state.best_metric, self.state.best_global_step, is_new_best], "the best metric")
+        self.state.best_metric, self.state.best_global_step, is_new_best = best
+        return is_new_best
 
     def _log_training(self) -> None:
         window, self._unlogged = self._unlogged, LossWindow()
@@ -397,13 +417,19 @@ class PetraTrainer(Trainer):
     # -- saving -------------------------------------------------------------------------------------------------------
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Gather every stage and save one `from_pretrained`-loadable folder (safetensors), with the processor and
-        a model card, then push it with `push_to_hub=True`. Call it on every rank."""
+        a model card, then push it with `push_to_hub=True`. While training is under way, call it on every rank (it
+        gathers the stages); afterwards every rank holds the whole model, and process 0 may save alone, as in
+        `if trainer.is_world_process_zero(): trainer.save_model()`."""
         output_dir = output_dir or self.args.output_dir
-        self._sync_model()
-        name_labels(self)  # every rank: LABEL_i become the data set's class names
+        try:
+            self._sync_model()
+        except PipelineError as error:
+            raise type(error)(f"{error}. save_model gathers the stages while training is under way: call it on every "
+                              "process (after training, every process holds the whole model and process 0 may save "
+                              "alone)") from error
+        name_labels(self)  # LABEL_i become the data set's class names
         if self.args.should_save:
             save_run_folder(self, output_dir)
-        barrier(f"save the model to {output_dir}")
         if self.args.push_to_hub and not _internal_call:  # as Trainer.save_model does
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
