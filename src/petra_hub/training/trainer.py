@@ -32,6 +32,7 @@ from .batches import labels_digest, plan_steps, repeated_first_batch, split_batc
 from .card import name_labels, save_run_folder, write_run_card
 from .card_data import record_evaluation
 from .checkpoint import PetraState, checkpoint_to_resume, end_with_the_best, load_stage_states, load_trainer_state
+from .checkpoint_checks import check_model_tensors, check_positions
 from .checkpoint import copy_repository_files, pushes_now, write_checkpoint
 from .distributed import broadcast_module, check_same_run, check_shared_output_dir, process_rank
 from .distributed import raise_on_every_rank, world_size
@@ -194,6 +195,8 @@ class PetraTrainer(Trainer):
             self._load_callback_state()
             saved = PetraState.load(resume_from_checkpoint)
             saved.check_compatible(self._run_state(), resume_from_checkpoint)
+            check_positions(saved, self.state.global_step, per_epoch, args.gradient_accumulation_steps,
+                            resume_from_checkpoint, strict=False)
             self._micro_batches_fed = saved.micro_batches_fed
             if saved.epoch is not None:
                 self._position = (saved.epoch, saved.epoch_offset)
@@ -286,6 +289,8 @@ class PetraTrainer(Trainer):
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
         check_supported(self.args)
         resume_from_checkpoint = checkpoint_to_resume(resume_from_checkpoint, self.args.output_dir, len(self.stages))
+        if resume_from_checkpoint is not None:  # before transformers loads it, which accepts missing weights
+            check_model_tensors(resume_from_checkpoint, self.model)
         try:
             return super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
