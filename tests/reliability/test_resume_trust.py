@@ -52,3 +52,32 @@ def test_a_deeply_nested_state_file_names_itself(checkpoint, tmp_path):
     (checkpoint / "trainer_state.json").write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ValueError, match="trainer_state.json"):
         resume(checkpoint, tmp_path)
+
+
+def test_a_full_device_names_the_file_and_the_last_complete_checkpoint(tmp_path, monkeypatch):
+    import collections
+    import errno
+
+    from petra_hub.training import checkpoint as checkpoint_module
+
+    trainer = make_trainer(tmp_path / "run", max_steps=6, save_strategy="steps", save_steps=2)
+    real_save, real_usage = checkpoint_module.save_stage_states, checkpoint_module.shutil.disk_usage
+    usage = collections.namedtuple("usage", "total used free")
+    full = []
+
+    def save_until_full(folder, pipeline):
+        if trainer.state.global_step == 4:  # what torch.save raises on a full device
+            full.append(True)
+            (tmp_path / "run" / "_tmp-checkpoint-4" / "petra_stage_000.pt").write_bytes(b"partial")
+            raise RuntimeError("[enforce fail at inline_container.cc] . basic_ios::clear: iostream error")
+        real_save(folder, pipeline)
+
+    monkeypatch.setattr(checkpoint_module, "save_stage_states", save_until_full)
+    monkeypatch.setattr(checkpoint_module.shutil, "disk_usage",
+                        lambda path: usage(1 << 30, 1 << 30, 0) if full else real_usage(path))
+    with pytest.raises(OSError) as caught:
+        trainer.train()
+    message = str(caught.value)
+    assert caught.value.errno == errno.ENOSPC and "is full" in message and "petra_stage_000.pt" in message
+    assert str(tmp_path / "run" / "checkpoint-2") in message
+    assert not (tmp_path / "run" / "_tmp-checkpoint-4").exists()
