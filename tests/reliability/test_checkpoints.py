@@ -11,7 +11,7 @@ import torch
 from transformers.trainer_utils import get_last_checkpoint
 
 import petra_hub.training.checkpoint as checkpoint_module
-from petra_hub.training.guards import LOCK_NAME
+from petra_hub.training.guards import LOCK_NAME, RunLock
 from petra_hub.data import load_image_dataset, take
 from tests.training.test_trainer import make_trainer
 
@@ -114,10 +114,13 @@ def test_another_runs_folder_is_refused_unless_overwritten(tmp_path):
 def test_a_folder_in_use_is_refused_and_a_dead_runs_lock_is_taken_over(tmp_path):
     tmp_path.mkdir(exist_ok=True)
     lock = tmp_path / LOCK_NAME
-    lock.write_text(json.dumps({"pid": os.getppid(), "host": socket.gethostname()}))  # a live process
-    with pytest.raises(FileExistsError, match="another run"):
+    holder = RunLock(str(tmp_path))  # a run training into the folder: it holds the file's flock
+    holder.acquire()
+    with pytest.raises(FileExistsError, match=rf"another run \(process {os.getpid()} on "):
         make_trainer(tmp_path, max_steps=2).train()
-    lock.write_text(json.dumps({"pid": 2**22 + 12345, "host": socket.gethostname()}))  # no such process
+    holder.release()
+    # What a killed run leaves: its file, unlocked (the kernel dropped its flock), naming a pid that may be reused.
+    lock.write_text(json.dumps({"pid": os.getppid(), "host": socket.gethostname()}))
     make_trainer(tmp_path, max_steps=2).train()
     assert not lock.exists()  # released at the end
 

@@ -3,10 +3,8 @@ without this host's run lock or half-written checkpoints, a checkpoint's card na
 another set-up (optimizer, number of stages) is refused before any work."""
 
 import json
-import os
 import re
 import shutil
-import socket
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -81,12 +79,12 @@ def test_a_mid_run_push_is_a_loadable_repository_without_the_run_lock(tmp_path, 
 
 
 def test_the_run_lock_and_an_earlier_versions_lock(tmp_path):
-    live = {"pid": os.getppid(), "host": socket.gethostname()}
     lock = tmp_path / guards.LOCK_NAME
-    lock.write_text(json.dumps(live))
+    holder = guards.RunLock(str(tmp_path))  # a run training into the folder
+    holder.acquire()
     with pytest.raises(FileExistsError, match="another run"):
         make_trainer(tmp_path, max_steps=2).train()
-    lock.unlink()
+    holder.release()
     legacy = tmp_path / guards.LEGACY_LOCK_NAME  # pushed by an earlier version: another host's is not a run here
     legacy.write_text(json.dumps({"pid": 13322, "host": "training-node-7"}))
     make_trainer(tmp_path, max_steps=2).train()

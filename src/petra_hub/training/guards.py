@@ -3,6 +3,7 @@ every drain point and save, a writable output folder with room for a checkpoint,
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -157,48 +158,91 @@ def _is_our_card(card: Path) -> bool:
 
 class RunLock:
     """`output_dir/_petra_run.lock`, held by the saving process while it trains: a second run into the same folder
-    fails at once instead of silently mixing checkpoints. A lock left by a dead process on this host is taken over.
+    fails at once instead of silently mixing checkpoints. Held as an exclusive `fcntl.flock` on the file, which the
+    kernel drops when the holder dies: a dead run's lock is free at once, and no pid is read to decide it. The file
+    holds the holder's {pid, host, since} for the error message only.
+    Across hosts (a folder on NFS) it holds only as far as flock does there.
     The lock of earlier versions, `.petra_run.lock`, which their Hub pushes uploaded, counts only when it names a
     live process of this host: one in a downloaded repository names the host that pushed it."""
+
+    ATTEMPTS = 100  # each retry follows a release or a takeover that happened between our open and our flock
 
     def __init__(self, folder: str):
         self.path = Path(folder, LOCK_NAME)
         self.held = False
+        self._fd: int | None = None
+        self._owner_pid: int | None = None
 
     def acquire(self) -> None:
-        owner = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
         legacy = Path(self.path.parent, LEGACY_LOCK_NAME)
         holder = _read_lock(legacy)
         if holder is not None and holder.get("host") == socket.gethostname():
             self._refuse_unless_stale(holder)
             legacy.unlink(missing_ok=True)
-        for _ in range(2):
+        for _ in range(self.ATTEMPTS):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                with open(self.path, "x", encoding="utf-8") as handle:
-                    json.dump(owner, handle)
-                self.held = True
+                taken = self._take(fd)
+            except BaseException:
+                os.close(fd)
+                raise
+            if taken:
+                self._fd, self._owner_pid, self.held = fd, os.getpid(), True
                 return
-            except FileExistsError:
-                holder = _read_lock(self.path)
-                if holder is not None:
-                    self._refuse_unless_stale(holder)
-                self.path.unlink(missing_ok=True)
+            os.close(fd)
         raise FileExistsError(f"could not take the run lock {str(self.path)!r}")
+
+    def _take(self, fd: int) -> bool:
+        """Lock the file open as `fd` and write this process in; False where the path names another file by then
+        (its holder released it, unlinking it, after our open): lock the path's new file instead. Refuses where
+        the path's file is locked by a live holder."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not self._names(fd):
+                return False
+            self._refuse(_holder_of(fd))
+        if not self._names(fd):
+            return False
+        owner = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(owner).encode(), 0)
+        return True
+
+    def _names(self, fd: int) -> bool:
+        """Whether the lock's path still names the file open as `fd`."""
+        try:
+            return os.path.samestat(os.fstat(fd), os.stat(self.path))
+        except FileNotFoundError:
+            return False
+
+    def _refuse(self, holder: dict) -> None:
+        raise FileExistsError(
+            f"another run (process {holder.get('pid')} on {holder.get('host')}) is training into "
+            f"{str(self.path.parent)!r}; wait for it or choose another output_dir"
+        ) from None
 
     def _refuse_unless_stale(self, holder: dict) -> None:
         if not self._stale(holder):
-            raise FileExistsError(
-                f"another run (process {holder.get('pid')} on {holder.get('host')}) is training into "
-                f"{str(self.path.parent)!r}; wait for it or choose another output_dir"
-            ) from None
+            self._refuse(holder)
 
     def release(self) -> None:
-        if self.held:
-            self.path.unlink(missing_ok=True)
-            self.held = False
+        if not self.held:
+            return
+        fd, self._fd, self.held = self._fd, None, False
+        if self._owner_pid == os.getpid():  # a forked child's copy of the fd must not end its parent's lock
+            self.path.unlink(missing_ok=True)  # before the close: whoever flocks this file next sees it unlinked
+        os.close(fd)
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001 - at interpreter exit the kernel drops the lock anyway
+            pass
 
     @staticmethod
     def _stale(holder: dict) -> bool:
+        """For the legacy lock only (no flock): left by a dead process of this host, or by this process."""
         if holder.get("host") != socket.gethostname():
             return False  # another machine: cannot tell, assume alive
         if holder.get("pid") == os.getpid():
@@ -208,6 +252,23 @@ class RunLock:
         except (OSError, ValueError):
             return True
         return False
+
+
+def _holder_of(fd: int, patience: float = 0.25) -> dict:
+    """Who holds the lock open as `fd`, as it wrote after taking it: a holder between its flock and its write has
+    written nothing yet, so an empty or partial file is read again, for `patience` seconds at most."""
+    delay, waited = 0.0005, 0.0
+    while True:
+        try:
+            holder = json.loads(os.pread(fd, 4096, 0))
+        except (OSError, ValueError):
+            holder = None
+        if isinstance(holder, dict):
+            return holder
+        if waited >= patience:
+            return {"pid": "unknown", "host": "an unknown host"}
+        time.sleep(delay)
+        waited, delay = waited + delay, min(2 * delay, 0.02)
 
 
 def _read_lock(path: Path) -> dict | None:
@@ -230,5 +291,9 @@ def preflight(args, model: torch.nn.Module, replica: int, resume_from_checkpoint
         check_not_another_run(args.output_dir, resume_from_checkpoint, args.overwrite_output_dir)
         lock.acquire()
         if args.overwrite_output_dir:
-            clear_earlier_run(args.output_dir, resume_from_checkpoint)
+            try:
+                clear_earlier_run(args.output_dir, resume_from_checkpoint)
+            except BaseException:
+                lock.release()  # the caller never gets it: do not leave the folder locked by this process
+                raise
     return lock
