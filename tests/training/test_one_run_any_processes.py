@@ -180,3 +180,15 @@ def test_the_scenarios_exercise_what_they_name(runs):
         assert best in one[name]["checkpoints"], name
     assert one["limit1_best"]["checkpoints"] == [one["limit1_best"]["state"]["best_model_checkpoint"]]
     assert one["early_stopping"]["state"]["global_step"] < 12
+
+
+@pytest.mark.parametrize("resumed, uninterrupted", [("resume_after_save", "best_accuracy"),
+                                                    ("resume_mid_epoch_limit2", "limit2_best")])
+def test_a_resumed_run_ends_as_the_uninterrupted_one(runs, resumed, uninterrupted):
+    for processes in (1, 2):
+        for result in runs[processes]:
+            a, b = result[resumed], result[uninterrupted]
+            for key in ("metrics", "sets", "predictions", "weights", "checkpoints"):
+                assert a[key] == b[key], f"{processes} processes: {resumed} differs from {uninterrupted} in {key}"
+            assert a["state"]["best_model_checkpoint"] == b["state"]["best_model_checkpoint"]
+            assert a["state"]["best_metric"] == b["state"]["best_metric"]

@@ -5,6 +5,8 @@ import json
 import os
 import shutil
 
+import torch
+
 from transformers import TrainerCallback
 
 from petra_hub.testing.ranks import run_ranks
@@ -84,3 +86,38 @@ def test_a_rank_whose_state_differs_is_named_at_the_next_drain_point(tmp_path):
 def test_callbacks_decide_as_rank_zero_decides(tmp_path):
     results, codes, _ = run_ranks(_train_with, 2, str(tmp_path), "stop", deadline=180)
     assert [result.get("value") for result in results] == [4, 4], [r.get("traceback") for r in results]
+
+
+def _killed_while_rotating(rank, world_size, folder, kill_at, resume):
+    from petra_hub.training import checkpoint
+
+    as_launched(rank, world_size)
+    rotate = checkpoint.rotate
+
+    def rotate_or_die(trainer, run_dir, final):
+        if final.endswith(f"checkpoint-{kill_at}"):
+            os._exit(0)  # the machine goes down after publishing, before rotating
+        rotate(trainer, run_dir, final)
+
+    checkpoint.rotate = rotate_or_die
+    trainer = make_trainer(folder, max_steps=8, save_total_limit=2, **EVERY_2, **BEST)
+    trainer.train(resume_from_checkpoint=resume)
+    metrics = trainer.evaluate()
+    return {"weights": {k: v.clone() for k, v in trainer.model.state_dict().items()},
+            "accuracy": metrics["eval_accuracy"], "best": os.path.basename(trainer.state.best_model_checkpoint),
+            "checkpoints": sorted(n for n in os.listdir(folder) if n.startswith("checkpoint-"))}
+
+
+def test_a_run_killed_while_rotating_resumes_to_the_uninterrupted_result_on_two_processes(tmp_path):
+    full, _, _ = run_ranks(_killed_while_rotating, 2, str(tmp_path / "full"), None, None, deadline=240)
+    assert all(r and "value" in r for r in full), [r and r.get("traceback") for r in full]
+    run_ranks(_killed_while_rotating, 2, str(tmp_path / "killed"), 6, None, deadline=240, expendable=(1,))
+    assert (tmp_path / "killed" / "checkpoint-6").is_dir()
+    resumed, _, _ = run_ranks(_killed_while_rotating, 2, str(tmp_path / "killed"), None, True, deadline=240)
+    assert all(r and "value" in r for r in resumed), [r and r.get("traceback") for r in resumed]
+    expected = full[0]["value"]
+    for result in resumed:
+        value = result["value"]
+        assert all(torch.equal(value["weights"][name], expected["weights"][name]) for name in expected["weights"])
+        assert (value["accuracy"], value["best"], value["checkpoints"]) == (
+            expected["accuracy"], expected["best"], expected["checkpoints"])
