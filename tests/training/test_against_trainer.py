@@ -4,6 +4,7 @@ the logged losses, learning rates and gradient norms, when evaluations and check
 the best and which are left."""
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -127,6 +128,23 @@ def test_evaluations_checkpoints_and_the_best_model_as_trainers(tmp_path):
     assert names["petra"][:2] == names["trainer"][:2] and len(names["petra"][1]) == 1
     assert math.isclose(names["petra"][2], names["trainer"][2], rel_tol=1e-5)
     assert_same_weights(reference, petra)  # the best checkpoint's weights, loaded at the end
+
+
+@pytest.mark.parametrize("limit, metric, greater", [(2, "accuracy", True), (2, "loss", False), (None, "loss", True)])
+def test_best_model_tracking_and_rotation_by_steps_as_trainers(tmp_path, limit, metric, greater):
+    """Evaluated and saved every 2 steps of 8: the best step, best metric, the checkpoints kept by save_total_limit
+    (never the best) and the model at the end are Trainer's."""
+    (reference, expected), (petra, got) = run_both(
+        tmp_path, gradient_accumulation_steps=2, max_steps=8, lr_scheduler_type="constant", eval_strategy="steps",
+        eval_steps=2, save_strategy="steps", save_steps=2, save_total_limit=limit, load_best_model_at_end=True,
+        metric_for_best_model=metric, greater_is_better=greater)
+    assert got == expected
+    assert petra.state.best_global_step == reference.state.best_global_step
+    assert math.isclose(petra.state.best_metric, reference.state.best_metric, rel_tol=1e-5)
+    assert checkpoints(tmp_path / "petra") == checkpoints(tmp_path / "trainer")
+    assert os.path.basename(petra.state.best_model_checkpoint) == os.path.basename(
+        reference.state.best_model_checkpoint)
+    assert_same_weights(reference, petra)
 
 
 def test_logged_losses_are_means_of_step_means_as_trainers(tmp_path):
