@@ -171,7 +171,7 @@ def load_trainer_state(folder: str, run_dir: str) -> TrainerState:
     state = _read_trainer_state(path)
     named, state.best_model_checkpoint = state.best_model_checkpoint, None
     if state.best_global_step:
-        best = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.best_global_step}")
+        best = checkpoint_folder(run_dir, state.best_global_step)
         if Path(best, "model.safetensors").is_file():
             state.best_model_checkpoint = best
         else:
@@ -276,8 +276,12 @@ def best_checkpoint(state: TrainerState, run_dir: str, final: str) -> str | None
     being written), as Trainer decides it; None while there is none."""
     if not state.best_global_step:
         return None
-    best = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.best_global_step}")
+    best = checkpoint_folder(run_dir, state.best_global_step)
     return best if best == final or os.path.isdir(best) else None
+
+
+def checkpoint_folder(run_dir: str, step: int) -> str:
+    return os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
 
 
 def checkpoint_step(path: str) -> int:
@@ -301,7 +305,7 @@ def rotate(trainer, run_dir: str, final: str) -> None:
         return
     kept = [path for path in checkpoints if path not in abandoned]
     best = trainer.state.best_model_checkpoint
-    protected = {checkpoint_step(final)} | ({checkpoint_step(best)} if best else set())
+    protected = {step} | ({checkpoint_step(best)} if best else set())
     remaining = len(kept)
     for path in kept:  # oldest first
         if remaining <= max(limit, len(protected)):
@@ -366,7 +370,7 @@ def write_checkpoint(trainer, run_dir: str, state: PetraState) -> None:
     """Write `checkpoint-N` whole or not at all (call it on every rank): into `_tmp-checkpoint-N`, then checked and
     renamed by the saving rank, which only then gives it its card, rotates old checkpoints out and pushes (per
     `hub_strategy`). The best checkpoint is decided by rank 0 and is the same on every rank."""
-    final = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}")
+    final = checkpoint_folder(run_dir, trainer.state.global_step)
     staging = staging_dir(final)
     if trainer.args.should_save:
         shutil.rmtree(staging, ignore_errors=True)  # left by a run killed while saving
