@@ -170,7 +170,6 @@ class Pipeline(Readings):
             self.rank, self.local, len(self.stages), reconstructs, self.schedule, self.transport,
             self.precision.messages
         )
-        self.scheduler_factory = scheduler_factory  # what made the stages' schedulers (a caller may read it)
         self.workers: dict[int, StageWorker] = {}
         reduce = None if self.replicas is None else functools.partial(  # replicas average gradients before updates
             average_gradients, group=self.replicas.peer_group, size=data_parallel_size)

@@ -11,7 +11,6 @@ from transformers.utils import logging
 
 from ..engine import Pipeline
 from .distributed import all_reduce_sum
-from .optimization import StageSchedules
 
 logger = logging.get_logger(__name__)
 
@@ -26,14 +25,11 @@ class LossWindow:
     steps: float = 0.0  # the steps the losses make up: a micro-batch counts 1 / (micro-batches in its step)
     samples: int = 0
     opened: float = field(default_factory=time.time)
-    global_step: int | None = None  # the global step at which losses were last collected into it
 
     def merge(self, other: "LossWindow") -> None:
         self.loss_sum += other.loss_sum
         self.steps += other.steps
         self.samples += other.samples
-        if other.global_step is not None:
-            self.global_step = other.global_step
 
     def mean(self) -> float:
         return self.loss_sum / self.steps if self.steps else 0.0
@@ -68,8 +64,8 @@ class PendingLosses:
 
 
 def collect(pending: LossWindow, global_step: int, last_stage: int) -> LossWindow:
-    """`pending` (this rank's) summed over all ranks, with this rank's samples and `global_step` (one small
-    collective); raises on a NaN or infinite loss so that every rank stops at the same step."""
+    """`pending` (this rank's) summed over all ranks, with this rank's samples (one small collective); raises on a
+    NaN or infinite loss so that every rank stops at the same step."""
     bad = not math.isfinite(pending.loss_sum)
     values = torch.tensor([0.0 if bad else pending.loss_sum, pending.steps, float(bad)], dtype=torch.float64)
     loss_sum, steps, bad = all_reduce_sum(values).tolist()
@@ -78,7 +74,7 @@ def collect(pending: LossWindow, global_step: int, last_stage: int) -> LossWindo
             f"loss is NaN or infinite at global step {global_step} (computed by the last stage, stage {last_stage}); "
             "stopping before anything else is saved"
         )
-    return LossWindow(loss_sum, steps, pending.samples, global_step=global_step)
+    return LossWindow(loss_sum, steps, pending.samples)
 
 
 def grad_norm(pipeline: Pipeline, replicas: int) -> float | None:
@@ -113,13 +109,13 @@ def reconstruction_error(pipeline: Pipeline, args) -> dict[str, float]:
     return {"reconstruction_error": worst}
 
 
-def training_logs(window: LossWindow, pipeline: Pipeline, args) -> dict[str, float]:
+def training_logs(window: LossWindow, pipeline: Pipeline, args, learning_rate: float | None = None) -> dict[str, float]:
     """A training log entry: the mean loss of `window`, the gradient norm, the reconstruction error (when checked),
     the learning rate and the samples per second (collectives: call on every rank).
 
-    The learning rate is what transformers' Trainer logs: the rate of the window's last global step by the schedule
-    (`StageSchedules.learning_rate`), the stages' delay warm-up left out. Not the rate a stage's last update used:
-    stage i applies a step's group 2(J-1-i) micro-batches after it closes, so that rate lags the logged step."""
+    `learning_rate` is what transformers' Trainer logs, the schedule's rate at the logged step
+    (`StageSchedules.learning_rate`); without it, the rate stage 0's last update used, which lags the logged step:
+    stage i applies a step's group 2(J-1-i) micro-batches after it closes."""
     logs = {}
     if window.steps:
         logs["loss"] = window.mean()
@@ -128,11 +124,7 @@ def training_logs(window: LossWindow, pipeline: Pipeline, args) -> dict[str, flo
         logs["grad_norm"] = norm
     if args.petra_check_reconstruction_every:
         logs.update(reconstruction_error(pipeline, args))
-    learning_rate = None
-    schedules = getattr(pipeline, "scheduler_factory", None)
-    if window.global_step is not None and isinstance(schedules, StageSchedules):
-        learning_rate = schedules.learning_rate(window.global_step)
-    if learning_rate is None:  # a pipeline without PetraTrainer's schedules, or none collected yet
+    if learning_rate is None:
         learning_rate = pipeline.last_lr()
     if learning_rate is not None:
         logs["learning_rate"] = learning_rate

@@ -78,6 +78,7 @@ class PetraTrainer(Trainer):
         self.model_card_kwargs: dict = {}  # create_model_card's arguments for every card (the recipe names its data)
         self._lock = RunLock(args.output_dir)
         self._profile_batch = None  # with petra_partition="auto": the micro-batch the stages are measured on
+        self._schedules = None  # the training pipeline's LR schedules (`StageSchedules`)
 
     def _make_stages(self) -> list:
         model_stages = self.model.get_stages()
@@ -131,7 +132,9 @@ class PetraTrainer(Trainer):
     # -- the engine ---------------------------------------------------------------------------------------------------
     def _build_pipeline(self, max_steps: int = 0, steps_per_epoch: float = 1.0, training: bool = True) -> Pipeline:
         args = self.args
-        schedules = scheduler_factory(args, max_steps, steps_per_epoch, len(self.stages)) if training else None
+        schedules = None
+        if training:
+            schedules = self._schedules = scheduler_factory(args, max_steps, steps_per_epoch, len(self.stages))
         return Pipeline(
             self.stages,
             loss_function(self),
@@ -377,7 +380,8 @@ class PetraTrainer(Trainer):
     def _log_training(self) -> None:
         window, self._unlogged = self._unlogged, LossWindow()
         self._trained.merge(window)
-        logs = training_logs(window, self.pipeline, self.args)
+        learning_rate = self._schedules.learning_rate(self.state.global_step)  # the logged step's, as Trainer's
+        logs = training_logs(window, self.pipeline, self.args, learning_rate)
         self._globalstep_last_logged = self.state.global_step
         self.store_flos()
         if logs:
