@@ -54,3 +54,18 @@ def test_importing_the_package_registers_the_auto_classes(tmp_path, keep_code_fi
         # petra_hub's installed classes, not the folder's copy of the code run as remote code
         assert model_module.startswith("petra_hub.models."), line
         assert config_module.startswith("petra_hub.models."), line
+
+
+def test_the_engine_alone_does_not_load_transformers_and_registration_follows_it():
+    script = textwrap.dedent(
+        """
+        import sys
+        import petra_hub.engine
+        print("transformers" in sys.modules, "petra_hub.models" in sys.modules)
+        from transformers import AutoConfig
+        print(type(AutoConfig.for_model("revnet")).__module__)
+        """
+    )
+    first, second = _run(script).strip().splitlines()
+    assert first == "False False"
+    assert second.startswith("petra_hub.models.")
