@@ -30,5 +30,5 @@ setup(
         "plots": ["matplotlib>=3.7"],
         "tensorboard": ["tensorboard>=2.14"],
     },
-    entry_points={"console_scripts": ["petra-train=petra_hub.training.recipe:main"]},
+    entry_points={"console_scripts": ["petra-train=petra_hub.recipe:main"]},
 )

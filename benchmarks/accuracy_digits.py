@@ -120,7 +120,7 @@ def default_epochs(model: str) -> float:
     recipe_argv, epochs = MODELS[model]
     if epochs is not None:
         return epochs
-    from petra_hub.training import recipe
+    from petra_hub.recipe import train as recipe
 
     return float(recipe.parse(recipe_argv)[2].num_train_epochs)
 
@@ -234,7 +234,7 @@ def one_run(run, mode: str, k: int, seed: int, epochs: float, workdir: str, verb
 def launched_run(argv: list[str], processes: int, output_dir: str, verbose: bool):
     """The recipe under `accelerate launch` on `processes` processes -> (stages, learning rate per micro-batch,
     optimizer steps, final metrics, log history), read back from the run's output_dir (JSON only)."""
-    from petra_hub.training import recipe
+    from petra_hub.recipe import train as recipe
 
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CONFIG),
                "--num_processes", str(processes), str(RECIPE), *argv]

@@ -5,8 +5,8 @@ name the flag, the path and what was expected (datasets said 'Instruction "train
 import pytest
 from PIL import Image
 
-from petra_hub.training.recipe_arguments import parse
-from petra_hub.training.recipe_data import load_data
+from petra_hub.recipe.arguments import parse
+from petra_hub.recipe.data import load_data
 
 EXPECTED = r"expected a folder of one sub-folder per class holding its images \({}/<class>/<image>; the sub-folder " \
            r"names are the labels\)"

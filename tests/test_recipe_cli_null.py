@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from petra_hub.training.recipe import _new_config
-from petra_hub.training.recipe_arguments import parse
+from petra_hub.recipe.train import _new_config
+from petra_hub.recipe.arguments import parse
 
 PAPER_CIFAR10 = "recipes/configs/cifar10_revnet18_petra.yaml"
 

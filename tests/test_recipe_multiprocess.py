@@ -11,7 +11,7 @@ from huggingface_hub import ModelCard
 
 from petra_hub import RevNetForImageClassification
 from petra_hub.testing.ranks import free_port
-from petra_hub.training import recipe
+from petra_hub.recipe import train as recipe
 from tests.scripts.recipe_report import weights_digest
 
 ROOT = Path(__file__).resolve().parents[1]

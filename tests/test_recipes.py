@@ -1,4 +1,4 @@
-"""The recipe (`petra_hub.training.recipe`, run by `recipes/train_revnet.py` and `petra-train`) in one process: its
+"""The recipe (`petra_hub.recipe`, run by `recipes/train_revnet.py` and `petra-train`) in one process: its
 arguments, the paper's config files, the data sources it accepts, fine-tuning, resuming, and the files it writes."""
 
 import json
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from petra_hub.testing.data_files import tar_folder as _tar, write_cifar10 as _write_cifar10
-from petra_hub.training import recipe
+from petra_hub.recipe import train as recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(c for c in (ROOT / "recipes" / "configs").glob("*.yaml") if not c.stem.startswith("digits_"))
@@ -161,16 +161,15 @@ def test_model_picks_the_family_and_shapes_it_to_the_data():
     assert model.config.drop_path_rate == 0.1 and config.drop_path_rate == 0.0  # the preset's default: none
     rates = [module.drop_path for module in model.modules() if hasattr(module, "drop_path")]
     assert len(rates) == 12 and rates[0] == 0.0 and rates[-1] == pytest.approx(0.1)  # one per block, linear
-    assert recipe.parse(["--preset", "revnet34"])[0].model == "revnet34"  # the flag's earlier name
 
 
 def test_flags_that_would_shape_no_model_are_refused():
-    with pytest.raises(ValueError, match=r"--hidden_sizes applies to another model family than --model revvit-tiny "
-                                         r"\(RevViT\), whose own flags are --patch_size, --drop_path_rate"):
+    with pytest.raises(ValueError, match=r"--hidden_sizes shapes RevNet models, not --model revvit-tiny \(RevViT\), "
+                                         r"whose own flags are --patch_size, --drop_path_rate"):
         recipe.parse(["--model", "revvit-tiny", "--hidden_sizes", "8,8,8,8"])
-    with pytest.raises(ValueError, match="--patch_size applies to another model family than --model revnet18"):
+    with pytest.raises(ValueError, match=r"--patch_size shapes RevViT models, not --model revnet18 \(RevNet\)"):
         recipe.parse(["--patch_size", "4"])
-    with pytest.raises(ValueError, match="--drop_path_rate applies to another model family than --model revnet18"):
+    with pytest.raises(ValueError, match=r"--drop_path_rate shapes RevViT models, not --model revnet18 \(RevNet\)"):
         recipe.parse(["--drop_path_rate", "0.1"])
     with pytest.raises(ValueError, match="--stem shapes a new model, but --model_name_or_path 'some/folder' brings"):
         recipe.parse(["--model_name_or_path", "some/folder", "--stem", "cifar"])
@@ -248,8 +247,8 @@ def test_a_value_can_be_unset_with_null(tmp_path):
 @pytest.mark.parametrize("order", ["file_first", "flags_first"])
 def test_flags_override_the_file_in_any_order(tmp_path, order):
     config = tmp_path / "run.yaml"
-    config.write_text("num_train_epochs: 3\nlearning_rate: 0.2\npreset: revnet34\n")
-    flags = ["--num_train_epochs", "1", "--preset", "revnet18"]
+    config.write_text("num_train_epochs: 3\nlearning_rate: 0.2\nmodel: revnet34\n")
+    flags = ["--num_train_epochs", "1", "--model", "revnet18"]
     argv = [str(config), *flags] if order == "file_first" else [*flags, str(config)]
     model_args, _, args = recipe.parse(argv)
     assert (args.num_train_epochs, args.learning_rate, model_args.model) == (1, 0.2, "revnet18")
@@ -326,7 +325,7 @@ def test_a_datasets_image_label_set_from_a_local_folder(tmp_path, datasets_cache
 
 
 def test_the_card_names_the_part_of_a_datasets_split_that_was_evaluated(tmp_path, datasets_cache):
-    from petra_hub.training.recipe_data import DataArguments, load_data
+    from petra_hub.recipe.data import DataArguments, load_data
 
     folder = str(write_digits_dataset(tmp_path / "digits-hf"))
     whole = load_data(DataArguments(dataset_name=folder), seed=0, splits={"eval"})
@@ -337,7 +336,7 @@ def test_the_card_names_the_part_of_a_datasets_split_that_was_evaluated(tmp_path
 
 
 def test_a_configuration_name_for_a_save_to_disk_folder_is_refused(tmp_path, datasets_cache):
-    from petra_hub.training.recipe_data import DataArguments, load_data
+    from petra_hub.recipe.data import DataArguments, load_data
 
     folder = str(write_digits_dataset(tmp_path / "digits-hf"))
     with pytest.raises(ValueError, match="--dataset_config_name 'foo' does not apply to .*a save_to_disk folder"):
@@ -350,7 +349,7 @@ def test_plain_labels_must_be_class_indices(tmp_path, datasets_cache, labels):
     a negative label passed through, since the trainer's own check reads only "label" / "labels"."""
     import datasets
 
-    from petra_hub.training.recipe_data import DataArguments, load_data
+    from petra_hub.recipe.data import DataArguments, load_data
 
     images, _ = digit_images(6)
     data = datasets.Dataset.from_dict({"image": images, "fine_label": labels}).cast_column("image", datasets.Image())
@@ -360,7 +359,7 @@ def test_plain_labels_must_be_class_indices(tmp_path, datasets_cache, labels):
 
 
 def test_the_collator_refuses_float_labels():
-    from petra_hub.training.recipe_data import ImageClassificationCollator
+    from petra_hub.recipe.data import ImageClassificationCollator
 
     examples = [{"pixel_values": torch.zeros(3, 2, 2), "label": value} for value in (1.9, 0.0)]
     with pytest.raises(ValueError, match="never truncated"):
@@ -385,7 +384,7 @@ def test_flags_a_builtin_set_would_ignore_are_refused(argv, named):
 def test_augment_false_trains_on_the_images_as_evaluation_sees_them(tmp_path, datasets_cache):
     import datasets
 
-    from petra_hub.training.recipe_data import DataArguments, load_data
+    from petra_hub.recipe.data import DataArguments, load_data
 
     def train_images(args, epoch):
         train = load_data(args, seed=3, splits={"train"}).train
@@ -412,7 +411,7 @@ def test_augment_false_trains_on_the_images_as_evaluation_sees_them(tmp_path, da
 def test_a_datasets_set_without_a_validation_split_is_split_with_the_seed(tmp_path, datasets_cache):
     import datasets
 
-    from petra_hub.training.recipe_data import DataArguments, load_data
+    from petra_hub.recipe.data import DataArguments, load_data
 
     images, labels = digit_images(40)
     datasets.Dataset.from_dict({"img": images, "fine_label": labels}).cast_column(
@@ -476,7 +475,7 @@ def test_model_name_or_path_fine_tunes_a_saved_revnet(tmp_path, datasets_cache):
 
 def test_recipes_script_is_a_thin_wrapper():
     text = (ROOT / "recipes" / "train_revnet.py").read_text()
-    assert "from petra_hub.training.recipe import main" in text and len(text.splitlines()) < 20
+    assert "from petra_hub.recipe import main" in text and len(text.splitlines()) < 20
     script = runpy.run_path(str(ROOT / "recipes" / "train_revnet.py"))  # as benchmarks/accuracy_digits.py loads it
     assert script["run"] is recipe.run and script["parse"] is recipe.parse
 
@@ -509,7 +508,7 @@ def test_max_samples_draw_from_every_class_of_a_folder_sorted_by_class(tmp_path)
     """--max_*_samples kept the first items: on a folder of class folders, all of class 0 (the model never saw the
     other classes, and the evaluation measured one class)."""
     from petra_hub.testing.data_files import solid_image
-    from petra_hub.training.recipe_data import DataArguments, load_data
+    from petra_hub.recipe.data import DataArguments, load_data
 
     for split in ("train", "val"):
         for name in ("ant", "bee", "cat"):
@@ -528,7 +527,7 @@ def test_max_samples_draw_from_every_class_of_a_folder_sorted_by_class(tmp_path)
 @pytest.mark.parametrize("flag, value", [("max_train_samples", 0), ("max_eval_samples", -3),
                                          ("max_predict_samples", 2.5), ("image_size", -8), ("image_size", 0)])
 def test_sample_counts_and_image_size_must_be_positive_whole_numbers(flag, value):
-    from petra_hub.training.recipe_data import DataArguments
+    from petra_hub.recipe.data import DataArguments
 
     with pytest.raises(ValueError, match=rf"--{flag} must be a positive whole number .*got {value}"):
         DataArguments(dataset_name="x", **{flag: value})
@@ -540,7 +539,7 @@ def test_sample_counts_and_image_size_must_be_positive_whole_numbers(flag, value
 ])
 def test_a_hub_set_missing_from_the_offline_cache_says_why_and_what_to_do(argv, remedy, datasets_cache):
     """datasets' own error said only "Couldn't reach 'uoft-cs/cifar10' on the Hub (OfflineModeIsEnabled)"."""
-    from petra_hub.training.recipe_data import DataArguments, load_data
+    from petra_hub.recipe.data import DataArguments, load_data
 
     args = DataArguments(**{flag.removeprefix("--"): value for flag, value in zip(argv[::2], argv[1::2])})
     expected = r"cannot load the data set '.*': it is not in the datasets cache, and offline mode is on .*run once "
@@ -560,7 +559,7 @@ def test_a_pretrained_processor_that_crops_is_followed_in_evaluation(tmp_path, d
     the saved processor, used at inference, crops 16: evaluation did not prepare images as inference does."""
     from transformers import BitImageProcessor, ViTImageProcessor
 
-    from petra_hub.training.recipe_data import DataArguments, load_data
+    from petra_hub.recipe.data import DataArguments, load_data
 
     folder = str(write_digits_dataset(tmp_path / "digits-hf"))
     cropping = BitImageProcessor(size={"shortest_edge": 24}, crop_size={"height": 16, "width": 16},
@@ -577,7 +576,7 @@ def test_a_pretrained_processor_that_crops_is_followed_in_evaluation(tmp_path, d
 
 def test_split_folders_are_named_after_the_folder_above_them_and_a_missing_model_folder_is_named(tmp_path):
     """--train_dir data/flowers/train named the data set "train" (card, outputs/revnet18-train-petra)."""
-    from petra_hub.training.recipe_data import DataArguments
+    from petra_hub.recipe.data import DataArguments
 
     assert DataArguments(train_dir="data/flowers/train/").set_name == "flowers"
     assert DataArguments(dataset_name="uoft-cs/cifar10").set_name == "cifar10"
@@ -594,7 +593,7 @@ def test_image_size_with_a_pretrained_processor_saves_a_processor_of_that_size(t
     24 and crops 16."""
     from transformers import BitImageProcessor, ViTImageProcessor
 
-    from petra_hub.training.recipe_data import DataArguments, load_data
+    from petra_hub.recipe.data import DataArguments, load_data
 
     folder = str(write_digits_dataset(tmp_path / "digits-hf"))
     cropping = BitImageProcessor(size={"shortest_edge": 24}, crop_size={"height": 16, "width": 16},

@@ -28,6 +28,9 @@ _LAZY = {
     "RevViTModel": "petra_hub.models.revvit",
     "RevViTForImageClassification": "petra_hub.models.revvit",
     "RevViTPreTrainedModel": "petra_hub.models.revvit",
+    "ModelFamily": "petra_hub.models.families",
+    "DataShape": "petra_hub.models.families",
+    "register_family": "petra_hub.models.families",
     "Pipeline": "petra_hub.engine",
     "Mode": "petra_hub.engine",
     "PetraTrainer": "petra_hub.training",
@@ -43,6 +46,7 @@ __all__ = [*_LAZY, "__version__"]
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .data import collate_image_batch, image_processor_for, load_image_dataset
     from .engine import Mode, Pipeline
+    from .models.families import DataShape, ModelFamily, register_family
     from .models.revnet import RevNetConfig, RevNetForImageClassification, RevNetModel, RevNetPreTrainedModel
     from .models.revvit import RevViTConfig, RevViTForImageClassification, RevViTModel, RevViTPreTrainedModel
     from .training import GradientFidelityCallback, PetraTrainer, PetraTrainingArguments

@@ -1,6 +1,6 @@
 """benchmarks/accuracy_digits.py builds the recipe's arguments for each model it compares."""
 
-from petra_hub.training import recipe
+from petra_hub.recipe import train as recipe
 
 from .conftest import load
 

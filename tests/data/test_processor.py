@@ -9,7 +9,7 @@ from PIL import Image
 
 from petra_hub.data import dataset_spec, image_processor_for
 from petra_hub.data.registry import DatasetInfo
-from petra_hub.training.recipe_data import image_transforms
+from petra_hub.recipe.data import image_transforms
 
 
 def photo(width=500, height=300):

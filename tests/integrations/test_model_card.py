@@ -9,7 +9,6 @@ from petra_hub.data import dataset_spec
 from petra_hub.engine.modes import Mode
 from petra_hub.integrations.model_card import (
     NOT_RECORDED,
-    FAMILY_TAGS,
     TAGS,
     TrainingSummary,
     card_data_for,
@@ -18,6 +17,9 @@ from petra_hub.integrations.model_card import (
     write_model_card,
 )
 from petra_hub.integrations.model_card_text import markdown_text
+from petra_hub.models import RevNetConfig
+from petra_hub.models.revnet import REVNET
+from petra_hub.models.revvit import REVVIT
 
 REPO_ID = "user/revnet-test"
 
@@ -54,7 +56,7 @@ def test_card_metadata_and_body_round_trip(tmp_path):
     assert data.license == "apache-2.0"
     assert data.library_name == "transformers"
     assert data.pipeline_tag == "image-classification"
-    assert data.tags == TAGS + FAMILY_TAGS["revnet"]
+    assert data.tags == TAGS + list(REVNET.card_tags)
     assert data.datasets == ["uoft-cs/cifar10"]
     assert data.model_name == summary.model_name
     [result] = data.eval_results
@@ -87,7 +89,7 @@ def test_the_card_says_how_to_get_petra_hub_without_pypi():
 
 def test_card_without_evaluation_has_no_model_index(tmp_path):
     summary = TrainingSummary(model_name="revnet-digits", preset=None, dataset="digits", mode="backprop")
-    card = render_model_card(summary)
+    card = render_model_card(summary, config=RevNetConfig())
     assert "model-index" not in card.content
     assert "None" not in card.content
     assert NOT_RECORDED in card.text
@@ -95,7 +97,7 @@ def test_card_without_evaluation_has_no_model_index(tmp_path):
     loaded = ModelCard.load(tmp_path / "README.md")
     assert loaded.data.eval_results is None
     assert loaded.data.datasets is None
-    assert loaded.data.tags == TAGS + FAMILY_TAGS["revnet"]
+    assert loaded.data.tags == TAGS + list(REVNET.card_tags)
     assert "`backprop`" in loaded.text and "Pipeline stages (J) | not recorded" in loaded.text
 
 
@@ -171,8 +173,12 @@ def test_preset_spellings_name_the_same_architecture():
     for spelling in ("RevNet-50", "revnet_50", "REVNET50"):
         assert render_model_card(full_summary(preset=spelling)).text == expected
     assert "RevNet-50 (revnet50): bottleneck blocks in layers of 3/4/6/3" in expected
-    custom = render_model_card(full_summary(preset="my-net")).text
-    assert "custom RevNet configuration (see `config.json`)" in custom
+    custom = render_model_card(full_summary(preset="revnet18"), config=RevNetConfig(depths=[1, 1, 1, 1])).text
+    assert "a custom RevNet (derived from revnet18)" in custom
+    with pytest.raises(ValueError, match="unknown model 'my-net'"):  # a card never guesses the family
+        render_model_card(full_summary(preset="my-net"))
+    with pytest.raises(ValueError, match="pass config="):
+        render_model_card(full_summary(preset=None))
 
 
 def test_each_family_has_a_packaged_template_extending_the_shared_card():
@@ -182,7 +188,7 @@ def test_each_family_has_a_packaged_template_extending_the_shared_card():
         path = default_template_path(model_type)
         assert path.name == f"{model_type}.md" and path.parent == shared.parent
         assert path.read_text().startswith('{% extends "card.md" %}')
-    with pytest.raises(FileNotFoundError, match="'bert.md' not found"):
+    with pytest.raises(ValueError, match="no model family of model_type 'bert'"):
         default_template_path("bert")
 
 
@@ -200,7 +206,7 @@ def test_a_revvit_card_names_its_family_everywhere(tmp_path):
     assert 'RevViTForImageClassification.from_pretrained("user/revnet-test")' in text
     assert "The patch embedding and the head (2 of this run's 14 pipeline stages) are not reversible" in text
     assert "title     = \"Reversible Vision Transformers\"" in text and "rivaud2025petra" in text
-    assert card_data_for(summary, config).tags == TAGS + FAMILY_TAGS["revvit"]
+    assert card_data_for(summary, config).tags == TAGS + list(REVVIT.card_tags)
     # without a configuration the preset names the family; a wider model is a custom one
     from_preset = render_model_card(summary).text
     assert "from petra_hub import RevViTForImageClassification" in from_preset
@@ -290,7 +296,7 @@ def test_create_model_card_fields_reach_the_metadata():
     data = card.data
     assert (data.language, data.license, data.base_model, data.pipeline_tag) == (
         "en", "mit", "org/base", "image-feature-extraction")
-    assert data.tags == TAGS + FAMILY_TAGS["revnet"] + ["my-tag"]
+    assert data.tags == TAGS + list(REVNET.card_tags) + ["my-tag"]
     assert data.datasets == ["uoft-cs/cifar10", "org/more"]
     [result, *_] = data.eval_results
     assert (result.task_type, result.dataset_name, result.dataset_type, result.dataset_config) == (

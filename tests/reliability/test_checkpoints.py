@@ -215,7 +215,7 @@ def test_a_bad_config_file_names_itself(tmp_path, damage, message):
 def test_a_bad_processor_normalisation_is_refused():
     from types import SimpleNamespace
 
-    from petra_hub.training.recipe_data import normalisation
+    from petra_hub.recipe.data import normalisation
 
     assert normalisation(None)[0] == (0.485, 0.456, 0.406)
     with pytest.raises(ValueError, match="image_std must be positive"):

@@ -44,11 +44,11 @@ def test_check_finite_agrees_over_json_not_pickles():
 
 
 # -- overwrite_output_dir ---------------------------------------------------------------------------------------------
-EARLIER_RUN = ["README.md", "all_results.json", "checkpoint-2", "config.json", "configuration_revvit.py",
-               "eval_results.json", "loading_checks.py", "model.safetensors", "modeling_revvit.py",
-               "petra_state.json", "predict_results.json", "predict_results.txt", "preprocessor_config.json",
-               "tmp-checkpoint-4", "train_results.json", "trainer_state.json", "training_args.bin"]
-# a user's files beside the run, some named like a run's (a reviewer's repro: all of these were deleted)
+EARLIER_RUN = ["README.md", "_tmp-checkpoint-4", "all_results.json", "checkpoint-2", "config.json",
+               "configuration_revvit.py", "eval_results.json", "loading_checks.py", "model.safetensors",
+               "modeling_revvit.py", "petra_state.json", "predict_results.json", "predict_results.txt",
+               "preprocessor_config.json", "train_results.json", "trainer_state.json", "training_args.bin"]
+# a user's files beside the run, some named like a run's (none of them is the run's)
 USER_FILES = ["ablation_results.json", "checkpoint-3", "checkpoint-drafts", "checkpoint-plan.txt", "data",
               "modeling_revision_notes.py", "my_notes.txt", "prepare.py", "results.csv"]
 OUR_CARD = "---\nlibrary_name: transformers\ntags:\n- petra\n- petra_hub\n---\n\n# revvit-tiny-digits-petra\n"
@@ -56,9 +56,9 @@ OUR_CARD = "---\nlibrary_name: transformers\ntags:\n- petra\n- petra_hub\n---\n\
 
 def _write(folder, names):
     for name in names:
-        if name.startswith(("checkpoint-", "tmp-checkpoint-", "data")):
+        if name.startswith(("checkpoint-", "_tmp-checkpoint-", "data")):
             (folder / name).mkdir(parents=True)
-            marked = name in ("checkpoint-2", "tmp-checkpoint-4")  # a run's checkpoint holds its files
+            marked = name in ("checkpoint-2", "_tmp-checkpoint-4")  # a run's checkpoint holds its files
             (folder / name / ("trainer_state.json" if name == "checkpoint-2" else
                               "petra_stage_000.pt" if marked else "notes.json")).write_text("{}")
         elif name == "config.json":
@@ -86,7 +86,7 @@ def test_overwrite_removes_nothing_without_an_earlier_run_nor_what_is_not_petra_
 
     project = tmp_path / "project"  # output_dir="." in a project folder: no earlier run there
     project.mkdir()
-    not_a_run = ("trainer_state.json", "petra_state.json", "model.safetensors", "checkpoint-2", "tmp-checkpoint-4")
+    not_a_run = ("trainer_state.json", "petra_state.json", "model.safetensors", "checkpoint-2", "_tmp-checkpoint-4")
     _write(project, [name for name in EARLIER_RUN if name not in not_a_run] + USER_FILES)
     before = sorted(p.name for p in project.iterdir())
     assert clear_earlier_run(str(project), None) == [] and sorted(p.name for p in project.iterdir()) == before
@@ -128,7 +128,7 @@ def test_resuming_the_folders_own_checkpoint_removes_nothing(tmp_path):
 def test_the_recipe_overwriting_a_run_keeps_none_of_its_results(tmp_path, monkeypatch):
     import json
 
-    from petra_hub.training import recipe
+    from petra_hub.recipe import train as recipe
 
     monkeypatch.chdir(tmp_path)
     common = ["--max_steps", "1", "--max_eval_samples", "16", "--max_predict_samples", "16", "--output_dir", "out",

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from petra_hub.data.sources import pil_to_uint8
-from petra_hub.training.recipe_data import ApplyTransform
+from petra_hub.recipe.data import ApplyTransform
 
 GRADIENT = (np.arange(64 * 64).reshape(64, 64) * 16).astype(np.uint16)  # 0..65520
 
@@ -73,7 +73,7 @@ def _image_folder(root, size: int = 8, first_size: int | None = None) -> str:
 
 
 def test_a_truncated_image_in_a_train_dir_is_named(tmp_path):
-    from petra_hub.training.recipe_data import DataArguments, load_data
+    from petra_hub.recipe.data import DataArguments, load_data
 
     folder = _image_folder(tmp_path)
     bad = tmp_path / "train" / "b" / "2.png"
@@ -88,10 +88,10 @@ def test_a_truncated_image_in_a_train_dir_is_named(tmp_path):
 
 @pytest.mark.parametrize("first,expected", [(4, 4), (300, 224)])
 def test_the_size_inferred_from_the_first_image_is_capped(tmp_path, caplog, first, expected):
-    from petra_hub.training.recipe_data import DataArguments, load_data
+    from petra_hub.recipe.data import DataArguments, load_data
 
     folder = _image_folder(tmp_path, size=8, first_size=first)
-    with caplog.at_level("WARNING", logger="petra_hub.training.recipe_data"):
+    with caplog.at_level("WARNING", logger="petra_hub.recipe.data"):
         data = load_data(DataArguments(train_dir=folder, train_val_split=None), seed=0, splits={"train"})
     assert data.image_size == expected  # 300 before: every item 3x300x300
     assert data.train[1]["pixel_values"].shape == (3, expected, expected)
@@ -107,7 +107,7 @@ def test_an_image_above_pils_bomb_limit_is_refused_naming_it(tmp_path, monkeypat
     from PIL import Image
 
     from petra_hub.data.sources import open_image
-    from petra_hub.training.recipe_data import DataArguments, load_data
+    from petra_hub.recipe.data import DataArguments, load_data
 
     folder = _image_folder(tmp_path, size=8)
     data = load_data(DataArguments(train_dir=folder, train_val_split=None), seed=0, splits={"train"})

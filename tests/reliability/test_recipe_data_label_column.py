@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from petra_hub.training.batches import check_all_labels
-from petra_hub.training.recipe_data import DataArguments, ImageClassificationCollator, load_data
+from petra_hub.recipe.data import DataArguments, ImageClassificationCollator, load_data
 
 
 def _fine_labels(tmp_path, column: str) -> str:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from petra_hub.training.recipe_data import DataArguments, load_data
+from petra_hub.recipe.data import DataArguments, load_data
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from petra_hub.training.recipe_data import DataArguments, load_data
+from petra_hub.recipe.data import DataArguments, load_data
 
 FEATURES = datasets.Features(image=datasets.Image(), label=datasets.ClassLabel(names=["a", "b"]))
 
@@ -26,13 +26,13 @@ def test_a_saved_empty_train_split_is_named(tmp_path):
 
 def test_an_empty_train_split_in_memory_is_named(tmp_path, monkeypatch):
     data = datasets.DatasetDict(train=_table(0).flatten_indices(), validation=_table(2))
-    monkeypatch.setattr("petra_hub.training.recipe_data._open", lambda args: data)
+    monkeypatch.setattr("petra_hub.recipe.data._open", lambda args: data)
     with pytest.raises(ValueError, match=r"^somewhere: split 'train' has no items$"):
         load_data(DataArguments(dataset_name="somewhere"), seed=0, splits={"train", "eval"})
 
 
 def test_an_empty_evaluation_split_is_named(tmp_path, monkeypatch):
     data = datasets.DatasetDict(train=_table(2), validation=_table(2).select([]))
-    monkeypatch.setattr("petra_hub.training.recipe_data._open", lambda args: data)
+    monkeypatch.setattr("petra_hub.recipe.data._open", lambda args: data)
     with pytest.raises(ValueError, match=r"^somewhere: split 'validation' \(for eval\) has no items$"):
         load_data(DataArguments(dataset_name="somewhere"), seed=0, splits={"train", "eval"})

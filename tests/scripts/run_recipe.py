@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from recipe_report import weights_digest  # next to this script
 
-from petra_hub.training import recipe
+from petra_hub.recipe import train as recipe
 
 
 prepared = recipe.prepare(sys.argv[1:])

@@ -325,7 +325,7 @@ def test_the_recipe_names_its_datasets_set_and_the_evaluated_part(tmp_path, monk
     as what it is: the test split, or, for a train-only set, the seeded hold-out (its rows keep split "train")."""
     from tests.test_recipes import TINY, write_digits_dataset
 
-    from petra_hub.training import recipe
+    from petra_hub.recipe import train as recipe
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
     folder = write_digits_dataset(tmp_path / "my-digits")

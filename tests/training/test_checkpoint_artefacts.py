@@ -78,15 +78,13 @@ def test_a_mid_run_push_is_a_loadable_repository_without_the_run_lock(tmp_path, 
     assert resumed.state.global_step == 6
 
 
-def test_the_run_lock_and_an_earlier_versions_lock(tmp_path):
+def test_the_run_lock_refuses_a_second_run_and_is_gone_after_training(tmp_path):
     lock = tmp_path / guards.LOCK_NAME
     holder = guards.RunLock(str(tmp_path))  # a run training into the folder
     holder.acquire()
     with pytest.raises(FileExistsError, match="another run"):
         make_trainer(tmp_path, max_steps=2).train()
     holder.release()
-    legacy = tmp_path / guards.LEGACY_LOCK_NAME  # pushed by an earlier version: another host's is not a run here
-    legacy.write_text(json.dumps({"pid": 13322, "host": "training-node-7"}))
     make_trainer(tmp_path, max_steps=2).train()
     assert not lock.exists()
 

@@ -14,7 +14,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from petra_hub.training.batches import check_all_labels
-from petra_hub.training.recipe_data import ImageClassificationCollator
+from petra_hub.recipe.data import ImageClassificationCollator
 from tests.training.test_drop_in import example_collate, example_transform, image_label_dataset
 from tests.training.test_trainer import make_trainer
 

@@ -4,7 +4,7 @@ earlier run's outputs are replaced (overwrite_output_dir=True); overwrite_output
 import pytest
 
 from petra_hub.training import PetraTrainingArguments
-from petra_hub.training.recipe_arguments import RecipeTrainingArguments, build_parser, parse
+from petra_hub.recipe.arguments import RecipeTrainingArguments, build_parser, parse
 from tests.training.test_trainer import make_trainer
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from petra_hub.training.recipe_arguments import build_parser
+from petra_hub.recipe.arguments import build_parser
 from petra_hub.training.support_table import REFUSED, TRAINING_ARGUMENT_SUPPORT
 
 FORMULA = "per_device_train_batch_size * gradient_accumulation_steps * petra_data_parallel"
@@ -74,7 +74,7 @@ def test_the_modes_are_listed_without_stray_punctuation(text):
 
 def test_petra_train_help_runs(tmp_path):
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "120"}
-    result = subprocess.run([sys.executable, "-c", "from petra_hub.training.recipe import main; main()", "--help"],
+    result = subprocess.run([sys.executable, "-c", "from petra_hub.recipe import main; main()", "--help"],
                             capture_output=True, text=True, timeout=300, env=environment)
     assert result.returncode == 0, result.stderr[-2000:]
     shown = " ".join(result.stdout.split())

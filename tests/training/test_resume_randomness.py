@@ -14,7 +14,7 @@ from petra_hub import RevViTForImageClassification
 from petra_hub.data import collate_image_batch
 from petra_hub.testing.models import small_revvit_config
 from petra_hub.training import PetraTrainer
-from petra_hub.training.recipe_data import ApplyTransform, ImageClassificationCollator, image_transforms
+from petra_hub.recipe.data import ApplyTransform, ImageClassificationCollator, image_transforms
 from tests.training.test_trainer import make_trainer, state_of
 
 STEPS = dict(max_steps=6, save_strategy="steps", save_steps=3)

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from petra_hub.training import PetraTrainingArguments
-from petra_hub.training import recipe
+from petra_hub.recipe import train as recipe
 
 
 def arguments(tmp_path, **settings):
@@ -48,7 +48,7 @@ def test_the_recipe_refuses_them_before_loading_data_or_building_a_model(tmp_pat
 
 
 def test_petra_train_exits_with_an_error_naming_num_train_epochs(tmp_path):
-    command = [sys.executable, "-c", "from petra_hub.training.recipe import main; main()",
+    command = [sys.executable, "-c", "from petra_hub.recipe import main; main()",
                "--num_train_epochs", "-1", "--output_dir", str(tmp_path / "out")]
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment)

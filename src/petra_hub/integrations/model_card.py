@@ -25,12 +25,13 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from ..data import DatasetSpec, dataset_spec
 from ..engine.modes import Mode
+from ..models.families import ModelFamily, family_named, family_of_config, family_of_preset
 from . import model_card_text as words
 from .model_card_text import NOT_RECORDED
 
 __all__ = [
     "NOT_RECORDED",
-    "FAMILY_TAGS",
+    "card_family",
     "TAGS",
     "TrainingSummary",
     "card_data_for",
@@ -40,7 +41,6 @@ __all__ = [
 ]
 
 TAGS = ["petra", "reversible-network", "image-classification", "pipeline-parallel", "petra_hub"]
-FAMILY_TAGS = {"revnet": ["revnet"], "revvit": ["revvit", "vision-transformer"]}
 DEFAULT_TASK = "image-classification"
 
 
@@ -186,10 +186,21 @@ def _unique(values) -> list:
     return seen
 
 
+def card_family(summary: TrainingSummary, config=None) -> ModelFamily:
+    """The registered family whose card this is: the configuration's, else the preset's; a ValueError when neither
+    names a registered family (a card says what the architecture is, and never guesses it)."""
+    if config is not None:
+        return family_of_config(config, "a model card")
+    if summary.preset:
+        return family_of_preset(summary.preset)[0]
+    raise ValueError("a model card needs the model's family: pass config= (the model's configuration), or give "
+                     "TrainingSummary.preset a preset of a registered family")
+
+
 def card_data_for(summary: TrainingSummary, config=None) -> ModelCardData:
     """The YAML metadata of the card: ``model-index`` lists accuracy (first) and the other numeric metrics except
     losses, and exists only when one of them is known."""
-    family = words.family_of(summary.preset, config)
+    family = card_family(summary, config)
     task = summary.tasks[0] if summary.tasks else DEFAULT_TASK
     dataset_ids = _unique([summary.dataset_id, *summary.dataset_tags])
     eval_results = [
@@ -211,7 +222,7 @@ def card_data_for(summary: TrainingSummary, config=None) -> ModelCardData:
         language=summary.language,
         license=summary.license,
         library_name="transformers",
-        tags=_unique([*TAGS, *FAMILY_TAGS[family.model_type], *summary.tags]),
+        tags=_unique([*TAGS, *family.card_tags, *summary.tags]),
         datasets=dataset_ids or None,
         metrics=[result.metric_type for result in eval_results] or None,
         base_model=summary.base_model,
@@ -225,13 +236,9 @@ def card_data_for(summary: TrainingSummary, config=None) -> ModelCardData:
 # body
 
 
-def _stored_stages_text(summary: TrainingSummary, config) -> str:
+def _stored_stages_text(summary: TrainingSummary, family: ModelFamily, config) -> str:
     """Which stages keep their input whatever the mode (they are not reversible)."""
-    which = "The stem, the downsampling blocks and the head"
-    if words.family_of(summary.preset, config).model_type == "revvit":
-        which = "The patch embedding and the head"
-    elif config is not None and getattr(config, "downsampling", None) == "invertible":
-        which = "The stem and the head (the invertible downsampling blocks are reversible)"
+    which = family.stored_stages_text(config)
     if summary.buffered_stages is not None and summary.num_stages is not None:
         which += f" ({summary.buffered_stages} of this run's {summary.num_stages} pipeline stages)"
     return which
@@ -240,8 +247,8 @@ def _stored_stages_text(summary: TrainingSummary, config) -> str:
 def _template_variables(summary: TrainingSummary, repo_id: str | None, config=None) -> dict:
     spec = summary.spec()
     mode = Mode.parse(summary.mode)
-    family = words.family_of(summary.preset, config)
-    architecture_name, architecture = words.architecture(summary.preset, config)
+    family = card_family(summary, config)
+    architecture_name, architecture = family.describe(config, summary.preset)
     label_names = summary.label_names
     if label_names is None and config is not None and getattr(config, "id2label", None):
         label_names = [config.id2label[i] for i in sorted(config.id2label)]
@@ -294,7 +301,9 @@ def _template_variables(summary: TrainingSummary, repo_id: str | None, config=No
         "mode_pipelined": mode.pipelined,
         "mode_reconstructs": mode.reconstructs,
         "mode_keeps_graph": mode.keeps_graph,
-        "stored_stages": _stored_stages_text(summary, config),
+        "stored_stages": _stored_stages_text(summary, family, config),
+        "family_description": family.description,
+        "family_citation": family.citation or "",
         "invertible_downsampling": getattr(config, "downsampling", None) == "invertible",
         "num_stages": words.text(summary.num_stages),
         "accumulation_steps": words.text(summary.accumulation_steps),
@@ -337,9 +346,8 @@ def _template_variables(summary: TrainingSummary, repo_id: str | None, config=No
 # cards
 
 
-def default_template_path(model_type: str = "revnet") -> Path:
-    """``model_cards/<model_type>.md``: packaged with petra_hub if it was installed so, else in the source checkout."""
-    name = f"{model_type}.md"
+def packaged_template(name: str = "card.md") -> Path:
+    """``model_cards/<name>``: packaged with petra_hub if it was installed so, else in the source checkout."""
     candidates = []
     try:
         candidates.append(Path(str(importlib.resources.files("petra_hub") / "model_cards" / name)))
@@ -353,6 +361,23 @@ def default_template_path(model_type: str = "revnet") -> Path:
         f"model card template {name!r} not found (looked in {', '.join(str(c) for c in candidates)}); "
         "pass template_path="
     )
+
+
+def default_template_path(family: ModelFamily | str = "revnet") -> Path:
+    """The card template of a family (or of the family of a model_type): its `card_template`, a name packaged with
+    petra_hub or the path of the family's own file, else petra_hub's shared ``card.md``."""
+    if isinstance(family, str):
+        model_type, family = family, family_named(family)
+        if family is None:
+            raise ValueError(f"no model family of model_type {model_type!r} is registered, so it has no card template")
+    if family.card_template is None:
+        return packaged_template()
+    own = Path(family.card_template)
+    if own.is_absolute() or own.parent != Path("."):
+        if not own.is_file():
+            raise FileNotFoundError(f"model family {family.title!r}: card_template {str(own)!r} does not exist")
+        return own
+    return packaged_template(own.name)
 
 
 def render_model_card(
@@ -370,12 +395,15 @@ def render_model_card(
     a template may `{% extends %}` or `{% include %}` the files beside it (as the packaged ones extend card.md).
     """
     summary.validate()
-    family = words.family_of(summary.preset, config)
-    path = Path(template_path) if template_path is not None else default_template_path(family.model_type)
+    family = card_family(summary, config)
+    path = Path(template_path) if template_path is not None else default_template_path(family)
     if not path.is_file():
         raise FileNotFoundError(f"model card template {str(path)!r} does not exist")
-    # ModelCard.from_template, with a loader for the templates' {% extends %}
-    template = jinja2.Environment(loader=jinja2.FileSystemLoader(str(path.parent))).get_template(path.name)
+    # ModelCard.from_template, with a loader for the templates' {% extends %}: the files beside the template, then
+    # petra_hub's own (so that a family's template outside petra_hub extends card.md)
+    loader = jinja2.ChoiceLoader([jinja2.FileSystemLoader(str(path.parent)),
+                                  jinja2.FileSystemLoader(str(packaged_template().parent))])
+    template = jinja2.Environment(loader=loader).get_template(path.name)
     card_data = card_data_for(summary, config)
     variables = {**card_data.to_dict(), **_template_variables(summary, repo_id, config)}
     return ModelCard(template.render(**variables, card_data=card_data.to_yaml()))

@@ -21,7 +21,6 @@ from typing import Any
 
 from ..data import DatasetSpec
 from ..data.sources.digits import SklearnDigits
-from ..models.families import FAMILIES, ModelFamily, family_of_model_type, family_of_preset
 
 NOT_RECORDED = "not recorded"
 MISSING_CELL = "-"
@@ -156,72 +155,6 @@ def metric_text(key: str, value: Any) -> str:
 
 # --------------------------------------------------------------------------------------------------------------
 # model and data
-
-
-def architecture(preset: str | None, config=None) -> tuple[str, str]:
-    """(short name, one-line description) of the architecture: from `config` when given, else from the preset."""
-    family = family_of(preset, config)
-    if family.model_type == "revvit":
-        return _revvit_architecture(family, preset, config)
-    key = family.canonical_preset(preset) if preset else None
-    paper = family.presets[key] if key else None
-    if config is not None:
-        layout = {"block_type": config.block_type, "depths": list(config.depths),
-                  "hidden_sizes": list(config.hidden_sizes)}
-    elif paper is not None:
-        layout = paper
-    else:
-        name = markdown_text(preset) if preset else "a custom RevNet"
-        return name, "custom RevNet configuration (see `config.json`)"
-    # The paper's RevNets downsample with buffered (non-reversible) blocks; invertible ones are other networks.
-    buffered = config is None or config.downsampling == "buffered"
-    if paper is not None and buffered and all(layout[name] == paper[name] for name in paper):
-        name = f"RevNet-{key.removeprefix('revnet')}"
-    else:
-        name = f"a custom RevNet (derived from {markdown_text(preset)})" if preset else "a custom RevNet"
-    widths = layout["hidden_sizes"] if buffered else config.stream_widths()
-    description = (
-        f"{layout['block_type']} blocks in layers of {'/'.join(str(d) for d in layout['depths'])} "
-        f"({sum(layout['depths'])} blocks), widths {'/'.join(str(w) for w in widths)} per stream"
-    )
-    if not buffered:
-        inner = [w if layout["block_type"] == "basic" else w // 4 for w in layout["hidden_sizes"]]
-        description += f" (residual functions {'/'.join(str(w) for w in inner)} wide)"
-    if config is not None:
-        description += f", {config.stem} stem, {config.downsampling} downsampling"
-    return name, (f"{name} ({key}): {description}" if name.startswith("RevNet-") else description)
-
-
-REVVIT_SHORT_NAMES = {"revvit-tiny": "RevViT-Ti", "revvit-small": "RevViT-S", "revvit-base": "RevViT-B"}
-
-
-def _revvit_architecture(family: ModelFamily, preset: str | None, config=None) -> tuple[str, str]:
-    key = family.canonical_preset(preset) if preset else None
-    paper = family.presets[key] if key else None
-    source = config if config is not None else (family.config_class.from_preset(key) if key else None)
-    if source is None:
-        name = markdown_text(preset) if preset else "a custom RevViT"
-        return name, "custom RevViT configuration (see `config.json`)"
-    if paper is not None and all(getattr(source, name) == value for name, value in paper.items()):
-        name = REVVIT_SHORT_NAMES[key]
-    else:
-        name = f"a custom RevViT (derived from {markdown_text(preset)})" if preset else "a custom RevViT"
-    description = (
-        f"{source.num_hidden_layers} reversible transformer blocks, width {source.hidden_size} per stream, "
-        f"{source.num_attention_heads} attention heads, MLP {source.mlp_ratio:g}x, {source.patch_size}x"
-        f"{source.patch_size} patches of {source.image_size}x{source.image_size} images ({source.num_patches} tokens)"
-    )
-    return name, (f"{name} ({key}): {description}" if name in REVVIT_SHORT_NAMES.values() else description)
-
-
-def family_of(preset: str | None, config=None) -> ModelFamily:
-    """The model family of a card: the configuration's, else the preset's; RevNet when neither tells."""
-    if config is not None and family_of_model_type(getattr(config, "model_type", None)) is not None:
-        return family_of_model_type(config.model_type)
-    try:
-        return family_of_preset(preset)[0] if preset else FAMILIES["revnet"]
-    except ValueError:
-        return FAMILIES["revnet"]
 
 
 def is_sklearn_digits(spec: DatasetSpec | None) -> bool:

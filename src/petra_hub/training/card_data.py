@@ -28,10 +28,21 @@ from typing import Any
 from torch.utils.data import Subset
 
 from ..data import DATASET_SPECS, DatasetInfo, DatasetSpec, dataset_spec
-from .recipe_data import evaluated_part
 
 
 CUSTOM_DATASET = "a custom data set"
+
+
+def is_cut(limit: int | None, size: int) -> bool:
+    return limit is not None and limit < size
+
+
+def evaluated_part(split: str, limit: int | None, size: int, first: bool = False) -> str:
+    """What the card says was evaluated: the split, or the part of it that was kept: `--max_eval_samples` images
+    chosen at random, or the `first` ones (`petra_hub.data.take`)."""
+    if not is_cut(limit, size):
+        return split
+    return f"{'first ' if first else ''}{limit} of the {size} images of {split}"
 
 
 # `Trainer.create_model_card`'s arguments, and petra_hub's `eval_split`: the name of the evaluated split, or what it
@@ -126,7 +137,7 @@ def _part(dataset, depth: int = 4) -> tuple[int, int, bool] | None:
 
 def evaluated_split(dataset, key: str | None = None) -> str | None:
     """How the card names the evaluated data: its split ("test"; else `key`, its key in a dict of eval sets), or
-    the part of it a wrapper kept, in the recipe's words (``recipe_data.evaluated_part``): "first 64 of the 360
+    the part of it a wrapper kept, in the recipe's words (``evaluated_part``): "first 64 of the 360
     images of test"; "64 of the 360 images of test" for other items than the first."""
     split = _split_name(dataset) or key
     part = _part(dataset)

@@ -17,13 +17,13 @@ from pathlib import Path
 import torch
 
 from ..engine import Pipeline, all_gather_json
+from ..models.families import family_named
 from ..models.loading_checks import non_finite_tensors
 from .distributed import together, world_size
 
 # Named `_*`, as the staging folders (checkpoint.py), so that Trainer's Hub pushes of output_dir (which ignore `_*`
 # and `checkpoint-*`) never upload it: a clone of the repository must not hold this host's lock.
 LOCK_NAME = "_petra_run.lock"
-LEGACY_LOCK_NAME = ".petra_run.lock"  # earlier versions' name (pushed with the folder): honoured on this host only
 RUN_FILES = ("trainer_state.json", "model.safetensors", "petra_state.json")
 # What a run writes at the top of output_dir, cleared by overwrite_output_dir when an earlier run is there (its
 # RUN_FILES or checkpoints); nothing else is touched. Checkpoint folders must hold a run's files, and the model
@@ -31,10 +31,8 @@ RUN_FILES = ("trainer_state.json", "model.safetensors", "petra_state.json")
 RUN_OUTPUTS = {*RUN_FILES, "training_args.bin", "preprocessor_config.json", "model.safetensors.index.json",
                "all_results.json", "train_results.json", "eval_results.json", "predict_results.json",
                "predict_results.txt"}
-CHECKPOINT_FOLDER = re.compile(r"(_?tmp-)?checkpoint-\d+")  # published or staged (tmp-: earlier versions)
+CHECKPOINT_FOLDER = re.compile(r"(_tmp-)?checkpoint-\d+")  # published or staged
 SHARDS = re.compile(r"model-\d+-of-\d+\.safetensors")
-FAMILY_CODE = {"revnet": ("configuration_revnet.py", "modeling_revnet.py", "loading_checks.py"),
-               "revvit": ("configuration_revvit.py", "modeling_revvit.py", "loading_checks.py")}
 CHECKPOINT_MARKS = ("trainer_state.json", "petra_state.json", "petra_stage_*.pt", "rng_state_*.pth")
 
 logger = logging.getLogger(__name__)
@@ -123,8 +121,8 @@ def clear_earlier_run(folder: str, resume_from_checkpoint: str | None) -> list[s
 def earlier_run_outputs(folder: Path) -> list[str]:
     """The names of what an earlier petra_hub run wrote at the top of `folder`: none unless one of its `RUN_FILES` or
     checkpoints is there."""
-    family = _model_type(folder / "config.json")
-    ours = set(FAMILY_CODE.get(family, ())) | ({"config.json"} if family in FAMILY_CODE else set())
+    family = family_named(_model_type(folder / "config.json"))
+    ours = set() if family is None else {*family.code_files(), "config.json"}
     if _is_our_card(folder / "README.md"):
         ours.add("README.md")
     names = []
@@ -161,9 +159,7 @@ class RunLock:
     fails at once instead of silently mixing checkpoints. Held as an exclusive `fcntl.flock` on the file, which the
     kernel drops when the holder dies: a dead run's lock is free at once, and no pid is read to decide it. The file
     holds the holder's {pid, host, since} for the error message only.
-    Across hosts (a folder on NFS) it holds only as far as flock does there.
-    The lock of earlier versions, `.petra_run.lock`, which their Hub pushes uploaded, counts only when it names a
-    live process of this host: one in a downloaded repository names the host that pushed it."""
+    Across hosts (a folder on NFS) it holds only as far as flock does there."""
 
     ATTEMPTS = 100  # each retry follows a release or a takeover that happened between our open and our flock
 
@@ -174,11 +170,6 @@ class RunLock:
         self._owner_pid: int | None = None
 
     def acquire(self) -> None:
-        legacy = Path(self.path.parent, LEGACY_LOCK_NAME)
-        holder = _read_lock(legacy)
-        if holder is not None and holder.get("host") == socket.gethostname():
-            self._refuse_unless_stale(holder)
-            legacy.unlink(missing_ok=True)
         for _ in range(self.ATTEMPTS):
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
@@ -222,10 +213,6 @@ class RunLock:
             f"{str(self.path.parent)!r}; wait for it or choose another output_dir"
         ) from None
 
-    def _refuse_unless_stale(self, holder: dict) -> None:
-        if not self._stale(holder):
-            self._refuse(holder)
-
     def release(self) -> None:
         if not self.held:
             return
@@ -239,19 +226,6 @@ class RunLock:
             self.release()
         except Exception:  # noqa: BLE001 - at interpreter exit the kernel drops the lock anyway
             pass
-
-    @staticmethod
-    def _stale(holder: dict) -> bool:
-        """For the legacy lock only (no flock): left by a dead process of this host, or by this process."""
-        if holder.get("host") != socket.gethostname():
-            return False  # another machine: cannot tell, assume alive
-        if holder.get("pid") == os.getpid():
-            return True  # left by an earlier trainer of this process
-        try:
-            os.kill(int(holder.get("pid", -1)), 0)
-        except (OSError, ValueError):
-            return True
-        return False
 
 
 def _holder_of(fd: int, patience: float = 0.25) -> dict:
@@ -269,14 +243,6 @@ def _holder_of(fd: int, patience: float = 0.25) -> dict:
             return {"pid": "unknown", "host": "an unknown host"}
         time.sleep(delay)
         waited, delay = waited + delay, min(2 * delay, 0.02)
-
-
-def _read_lock(path: Path) -> dict | None:
-    try:
-        holder = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return holder if isinstance(holder, dict) else None
 
 
 def preflight(args, model: torch.nn.Module, replica: int, resume_from_checkpoint: str | None) -> RunLock:

@@ -1,6 +1,5 @@
-"""RevNets of the PETRA paper. Importing this package registers the "revnet" model type with the Auto classes."""
-
-from transformers import AutoConfig, AutoModel, AutoModelForImageClassification
+"""RevNets of the PETRA paper. Importing this package registers the RevNet family (`family.py`):
+the "revnet" model type with the Auto classes, its presets, recipe flags and model card."""
 
 from .configuration_revnet import PRESETS, RevNetConfig
 from .modeling_revnet import (
@@ -12,8 +11,10 @@ from .modeling_revnet import (
     RevNetPreTrainedModel,
     RevNetStem,
 )
+from .family import REVNET  # registers the family (Auto classes included)
 
 __all__ = [
+    "REVNET",
     "PRESETS",
     "DownsampleBlock",
     "ReversibleBlock",
@@ -25,15 +26,3 @@ __all__ = [
     "RevNetStem",
 ]
 
-
-def _register_auto_classes() -> None:
-    AutoConfig.register(RevNetConfig.model_type, RevNetConfig, exist_ok=True)
-    AutoModel.register(RevNetConfig, RevNetModel, exist_ok=True)
-    AutoModelForImageClassification.register(RevNetConfig, RevNetForImageClassification, exist_ok=True)
-    # Saved folders carry `auto_map` and this code, for `trust_remote_code=True` users without petra_hub.
-    RevNetConfig.register_for_auto_class()
-    RevNetModel.register_for_auto_class("AutoModel")
-    RevNetForImageClassification.register_for_auto_class("AutoModelForImageClassification")
-
-
-_register_auto_classes()

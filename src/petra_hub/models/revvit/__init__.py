@@ -1,7 +1,5 @@
-"""Reversible vision transformers (RevViT). Importing this package registers the "revvit" model type with the Auto
-classes."""
-
-from transformers import AutoConfig, AutoModel, AutoModelForImageClassification
+"""Reversible vision transformers (RevViT). Importing this package registers the RevViT family (`family.py`):
+the "revvit" model type with the Auto classes, its presets, recipe flags and model card."""
 
 from .configuration_revvit import PRESETS, RevViTConfig
 from .modeling_revvit import (
@@ -12,8 +10,10 @@ from .modeling_revvit import (
     RevViTModel,
     RevViTPreTrainedModel,
 )
+from .family import REVVIT  # registers the family (Auto classes included)
 
 __all__ = [
+    "REVVIT",
     "PRESETS",
     "ReversibleViTBlock",
     "RevViTConfig",
@@ -24,14 +24,3 @@ __all__ = [
     "RevViTPreTrainedModel",
 ]
 
-
-def _register_auto_classes() -> None:
-    AutoConfig.register(RevViTConfig.model_type, RevViTConfig, exist_ok=True)
-    AutoModel.register(RevViTConfig, RevViTModel, exist_ok=True)
-    AutoModelForImageClassification.register(RevViTConfig, RevViTForImageClassification, exist_ok=True)
-    RevViTConfig.register_for_auto_class()
-    RevViTModel.register_for_auto_class("AutoModel")
-    RevViTForImageClassification.register_for_auto_class("AutoModelForImageClassification")
-
-
-_register_auto_classes()

@@ -18,11 +18,11 @@ from transformers.hf_argparser import string_to_bool
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy, SchedulerType
 from transformers.training_args import OptimizerNames
 
-from ..models.families import family_of_preset, preset_names
-from .arguments import PetraTrainingArguments
-from .checkpoint import checkpoint_to_resume
-from .recipe_data import DataArguments
-from .support_table import REFUSED, TRAINING_ARGUMENT_SUPPORT
+from ..models.families import family_of_preset, preset_names, registered_families
+from ..training.arguments import PetraTrainingArguments
+from ..training.checkpoint import checkpoint_to_resume
+from .data import DataArguments
+from ..training.support_table import REFUSED, TRAINING_ARGUMENT_SUPPORT
 
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
@@ -39,7 +39,7 @@ class ModelArguments:
         default=False, metadata={"help": "Fine-tuning: a new classification head when the number of labels differs."}
     )
     model: str = field(
-        default="revnet18", metadata={"help": "A new model: " + ", ".join(preset_names()), "aliases": ["--preset"]}
+        default="revnet18", metadata={"help": "A new model: " + ", ".join(preset_names())}
     )
     stem: str | None = field(
         default=None, metadata={"help": "RevNet: cifar or imagenet; default: imagenet from 128 pixels"}
@@ -76,12 +76,9 @@ def hidden_sizes_flag(value) -> str | None:
     return ",".join(parts)
 
 
-# The flags that shape a new model, by family: refused for the other family and with --model_name_or_path.
-ARCHITECTURE_FLAGS = {
-    "revnet": ("stem", "downsampling", "hidden_sizes", "embedding_size"),
-    "revvit": ("patch_size", "drop_path_rate"),
-}
-CONFIG_ALIASES = {"preset": "model"}  # config-file keys of earlier releases
+# ModelArguments that pick the model rather than shape it; the others are a family's recipe flags
+# (`ModelFamily.recipe_flags`), refused for another family's model and with --model_name_or_path.
+MODEL_CHOICE = ("model_name_or_path", "ignore_mismatched_sizes", "model")
 
 
 def _recipe_default(name: str, value):
@@ -208,7 +205,6 @@ def _read_config_file(parser: HfArgumentParser, path: str) -> dict:
     values = {} if values is None else values
     if not isinstance(values, dict):
         raise ValueError(f"{path}: expected a mapping of argument names to values, got {type(values).__name__}")
-    values = {CONFIG_ALIASES.get(key, key): value for key, value in values.items()}
     known = _field_names(parser)
     unknown = [key for key in values if key not in known]
     if unknown:
@@ -300,7 +296,8 @@ def default_output_dir(model_args: ModelArguments, data_args: DataArguments, arg
 
 def check_architecture_flags(values: dict) -> None:
     """Refuse the flags that would shape no model: another family's, or any with --model_name_or_path."""
-    given = [key for flags in ARCHITECTURE_FLAGS.values() for key in flags if values.get(key) is not None]
+    shaping = [field.name for field in fields(ModelArguments) if field.name not in MODEL_CHOICE]
+    given = [key for key in shaping if values.get(key) is not None]
     if values.get("model_name_or_path"):
         given += ["model"] if "model" in values else []
         if given:
@@ -310,11 +307,16 @@ def check_architecture_flags(values: dict) -> None:
             )
         return
     family, values["model"] = family_of_preset(values.get("model", ModelArguments.model))
-    foreign = [key for key in given if key not in ARCHITECTURE_FLAGS[family.model_type]]
+    unknown = [flag for flag in family.recipe_flags if flag not in shaping]
+    if unknown:
+        raise ValueError(f"model family {family.title!r} declares recipe_flags {unknown}, which are not flags of the "
+                         f"recipe (its shaping flags are {', '.join(shaping)})")
+    foreign = [key for key in given if key not in family.recipe_flags]
     if foreign:
-        raise ValueError(f"--{foreign[0]} applies to another model family than --model {values['model']} "
-                         f"({family.title}), whose own flags are "
-                         f"{', '.join('--' + key for key in ARCHITECTURE_FLAGS[family.model_type])}")
+        owners = [other.title for other in registered_families().values() if foreign[0] in other.recipe_flags]
+        own = ", ".join("--" + key for key in family.recipe_flags) or "none"
+        raise ValueError(f"--{foreign[0]} shapes {' or '.join(owners) or 'another model family'} models, not "
+                         f"--model {values['model']} ({family.title}), whose own flags are {own}")
 
 
 def resolve_checkpoint(value, output_dir: str) -> str | None:

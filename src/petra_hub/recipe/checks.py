@@ -1,4 +1,4 @@
-"""Checks of a `datasets` set the recipe reads (see `recipe_data`): its labels and the image processor's
+"""Checks of a `datasets` set the recipe reads (see `petra_hub.recipe.data`): its labels and the image processor's
 normalisation, refused with an error naming the column / setting before anything is allocated from them."""
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ from ..data import (
 from ..data.dataset import sample, sampled_indices
 from ..data.sources import open_image, to_rgb
 from ..data.sources.hub import load_from_hub
-from .recipe_checks import check_class_indices, check_dataset_path, check_image_folders, label_names_of, normalisation
+from ..training.card_data import evaluated_part, is_cut
+from .checks import check_class_indices, check_dataset_path, check_image_folders, label_names_of, normalisation
 
 __all__ = [
     "ApplyTransform",
@@ -315,18 +316,6 @@ def _load_builtin(args: DataArguments, seed: int, splits: set[str]) -> RecipeDat
         card_arguments=({"eval_split": evaluated_part("test", args.max_eval_samples, len(test))}
                         if "eval" in splits and is_cut(args.max_eval_samples, len(test)) else {}),
     )
-
-
-def is_cut(limit: int | None, size: int) -> bool:
-    return limit is not None and limit < size
-
-
-def evaluated_part(split: str, limit: int | None, size: int, first: bool = False) -> str:
-    """What the card says was evaluated: the split, or the part of it that was kept: `--max_eval_samples` images
-    chosen at random, or the `first` ones (`petra_hub.data.take`)."""
-    if not is_cut(limit, size):
-        return split
-    return f"{'first ' if first else ''}{limit} of the {size} images of {split}"
 
 
 def _open(args: DataArguments):

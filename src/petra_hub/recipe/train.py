@@ -1,20 +1,5 @@
-"""The training recipe behind `recipes/train_revnet.py` and the `petra-train` command.
-
-    OMP_NUM_THREADS=1 accelerate launch --config_file accelerate_config.yaml recipes/train_revnet.py \
-        [config.yaml] [--flag value ...]
-
-With no arguments: a small RevNet18 (widths 16,32,64,128, embedding 16) on the embedded digits data, PETRA across
-the launched processes, 12 epochs, evaluation every epoch, then a Hub-ready folder in
-`outputs/revnet18-digits-petra`. `--model` picks another RevNet or a RevViT (`revvit-tiny`, ...). It follows
-transformers' `run_image_classification.py`: `--dataset_name`, `--train_dir` / `--validation_dir`,
-`--model_name_or_path`, `do_train` / `do_eval` / `do_predict`, `--resume_from_checkpoint`, and
-`train_results.json` / `eval_results.json` / `all_results.json` in `output_dir`.
-
-Arguments (`recipe_arguments`): the fields of `ModelArguments`, `DataArguments` and `RecipeTrainingArguments` (whose
-defaults are the recipe's, so `--help` shows them). One YAML or JSON file, anywhere on the command line, is read with
-`HfArgumentParser.parse_dict`; flags given on the command line override it; `null` unsets a value, in the file as
-on the command line (`--hidden_sizes null`: the preset's widths).
-"""
+"""The recipe's run: the model it builds from --model or --model_name_or_path, the trainer, training, evaluation
+and prediction, and the files a run writes (see the package docstring)."""
 
 from __future__ import annotations
 
@@ -25,22 +10,11 @@ import numpy as np
 from transformers import set_seed
 
 from ..data.sources.hub import names_a_missing_path
-from ..models.families import FAMILIES, family_of_model_type, family_of_preset
-from .recipe_arguments import ModelArguments, RecipeTrainingArguments, build_parser, parse, resolve_checkpoint
-from .recipe_data import DataArguments, RecipeData, load_data
-from .trainer import PetraTrainer
+from ..models.families import DataShape, family_named, family_of_preset, registered_families
+from ..training.trainer import PetraTrainer
+from .arguments import ModelArguments, RecipeTrainingArguments, parse, resolve_checkpoint
+from .data import DataArguments, RecipeData, load_data
 
-__all__ = [
-    "DataArguments",
-    "ModelArguments",
-    "RecipeTrainingArguments",
-    "build_parser",
-    "main",
-    "parse",
-    "prepare",
-    "resolve_checkpoint",
-    "run",
-]
 
 
 # -- model ------------------------------------------------------------------------------------------------------------
@@ -58,30 +32,20 @@ def pretrained_config(model_args: ModelArguments):
                                 "no such folder: expected a save_pretrained folder (config.json, model.safetensors) or "
                                 "a Hub model id")
     config = AutoConfig.from_pretrained(model_args.model_name_or_path)
-    if family_of_model_type(getattr(config, "model_type", None)) is None:
+    if family_named(getattr(config, "model_type", None)) is None:
         raise ValueError(
             f"--model_name_or_path {model_args.model_name_or_path!r} holds a {getattr(config, 'model_type', '?')!r} "
-            f"model; PETRA trains reversible networks: give a folder of model_type {' or '.join(map(repr, FAMILIES))}"
-            ", or leave it unset and pick --model"
+            "model; PETRA trains reversible networks: give a folder of a registered family's model_type "
+            f"({' or '.join(map(repr, registered_families()))}), or leave it unset and pick --model"
         )
     return config
 
 
 def _new_config(model_args: ModelArguments, data: RecipeData):
-    """The configuration of a new --model, adapted to the data's image size (RevNet stem, RevViT patch)."""
+    """The configuration of a new --model, shaped to the data by its family (with the family's recipe flags)."""
     family, preset = family_of_preset(model_args.model)
-    small_images = data.image_size < 128
-    if family.model_type == "revvit":
-        patch = model_args.patch_size or (4 if small_images else family.config_class().patch_size)
-        overrides = {} if model_args.drop_path_rate is None else {"drop_path_rate": model_args.drop_path_rate}
-        return family.config_class.from_preset(preset, image_size=data.image_size, patch_size=patch, **overrides)
-    overrides = {"downsampling": model_args.downsampling, "stem": model_args.stem or ("cifar" if small_images
-                                                                                       else "imagenet")}
-    if model_args.hidden_sizes and model_args.hidden_sizes != "paper":
-        overrides["hidden_sizes"] = [int(width) for width in model_args.hidden_sizes.split(",")]  # checked
-    if model_args.embedding_size:
-        overrides["embedding_size"] = model_args.embedding_size
-    return family.config_class.from_preset(preset, **overrides)
+    flags = {name: getattr(model_args, name) for name in family.recipe_flags}
+    return family.config_for_data(preset, flags, DataShape(image_size=data.image_size))
 
 
 def build_model(model_args: ModelArguments, data: RecipeData):
@@ -94,13 +58,13 @@ def build_model(model_args: ModelArguments, data: RecipeData):
                 f"{model_args.model_name_or_path!r} classifies {config.num_labels} labels, the data has "
                 f"{labels['num_labels']}: pass --ignore_mismatched_sizes to train a new classification head"
             )
-        return family_of_model_type(config.model_type).classifier_class.from_pretrained(
+        return family_named(config.model_type).classifier_class.from_pretrained(
             model_args.model_name_or_path, ignore_mismatched_sizes=model_args.ignore_mismatched_sizes, **labels
         )
     config = _new_config(model_args, data)
     for key, value in labels.items():
         setattr(config, key, value)
-    return family_of_model_type(config.model_type).classifier_class(config)
+    return family_named(config.model_type).classifier_class(config)
 
 
 def accuracy(prediction) -> dict[str, float]:
@@ -201,6 +165,3 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     run(argv)
 
-
-if __name__ == "__main__":
-    main()
