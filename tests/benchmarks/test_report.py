@@ -1,10 +1,12 @@
-"""benchmarks/report.py rewrites only the marked regions of the docs, from the benchmarks' JSON files."""
+"""benchmarks/report.py rewrites only the marked regions (tables and figures) of the README and the docs, from the
+benchmarks' JSON files."""
 
 import json
 import re
 from pathlib import Path
 
-DOCS = sorted((Path(__file__).resolve().parents[2] / "docs").glob("benchmarks*.md"))
+import pytest
+
 
 ACCURACY = {
     "benchmark": "accuracy_digits",
@@ -106,20 +108,56 @@ def test_check_fails_on_a_region_it_cannot_render_unless_its_file_may_be_missing
 
 
 def test_the_docs_tables_are_those_of_the_recorded_results(report, capsys):
-    """`python benchmarks/report.py --check` on the real docs and benchmarks/results: every table renders from its
-    JSON file (none skipped but the GPU run's) and is what the docs hold."""
+    """`python benchmarks/report.py --check` on the real README, docs and benchmarks/results: every table and figure
+    renders from its JSON file (none skipped but the GPU run's) and is what the text holds."""
     assert report.main(["--check"]) == 0, capsys.readouterr().err
     lines = capsys.readouterr().out.splitlines()
     skipped = [line for line in lines if ": skipped" in line]
-    assert len(lines) == sum(len(report.MARKER.findall(doc.read_text())) for doc in DOCS) > 80
+    texts = [doc.read_text() for doc in report.DOCS]
+    assert len(lines) == sum(len(report.MARKER.findall(t)) + len(report.FIGURE.findall(t)) for t in texts)
+    assert sum(len(report.MARKER.findall(t)) for t in texts) > 80
+    assert sum(len(report.FIGURE.findall(t)) for t in texts) >= 10
     assert all(line.split(": ")[1] == "gpu/main" for line in skipped), skipped
 
 
+FIGURES = """Backprop reaches <!-- figure:acc/summary col="backprop" -->0<!-- /figure --> and PETRA
+<!-- figure:acc:summary[config=petra-k2].mean format="{:.1f}" -->0<!-- /figure --> %, k =
+<!-- figure:acc/main row="petra-k2; petra" col="k" -->2<!-- /figure -->, in
+<!-- figure:acc:summary[1].optimizer_steps -->45<!-- /figure --> steps.
+Quoted, not a figure: `<!-- figure:SOURCE -->` before the number, `<!-- /figure -->` after it.
+"""
+
+
+def test_figures_are_table_cells_or_json_values(report, tmp_path, capsys):
+    """A figure is one number in a sentence: a cell of a rendered table (row by its first cells, column by its
+    header) or a JSON value with a format; --check fails when the text differs, and the rewrite puts it right."""
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "acc.json").write_text(json.dumps(ACCURACY))
+    doc = tmp_path / "doc.md"
+    doc.write_text(FIGURES)
+    assert report.main(["--results", str(results), "--docs", str(doc), "--check"]) == 1
+    assert capsys.readouterr().err.count("differs from its JSON") == 2
+    assert report.main(["--results", str(results), "--docs", str(doc)]) == 0
+    text = doc.read_text()
+    assert '"backprop" -->98.50 ± 0.71<!--' in text and 'format="{:.1f}" -->97.5<!--' in text
+    assert text.split("\n", 3)[3] == FIGURES.split("\n", 3)[3]  # untouched: the quoted markers, the rest
+    assert report.main(["--results", str(results), "--docs", str(doc), "--check"]) == 0
+    # A changed result makes the text stale; a path or row that is not there cannot be rendered.
+    (results / "acc.json").write_text(json.dumps({**ACCURACY, "summary": ACCURACY["summary"][:1]}))
+    assert report.main(["--results", str(results), "--docs", str(doc), "--check"]) == 1
+    err = capsys.readouterr().err
+    assert "0 items with config=petra-k2" in err and "0 rows start with ['petra-k2', 'petra']" in err
+    assert report.figure("acc:settings.seeds[1]", results) == "1"
+    with pytest.raises(report.UnknownTable, match="col must be one of"):
+        report.figure('acc/summary col="nope"', results)
+
+
 def test_every_marker_in_the_docs_names_a_known_table(report):
-    for doc in DOCS:
+    for doc in report.DOCS:
         text = doc.read_text()
         names = [m["name"] for m in report.MARKER.finditer(text)]
-        assert len(names) == len(re.findall(r"^<!-- table:", text, flags=re.M)), f"unclosed marker in {doc.name}"
+        assert len(names) == len(re.findall(r"^<!-- table:\S*/", text, flags=re.M)), f"unclosed marker in {doc.name}"
         for name in names:
             result, table = name.split("/")[:2]
             assert any(result.startswith(b) and table in report.RENDERERS[b] for b in report.RENDERERS), name
