@@ -104,7 +104,7 @@ def predict_rivals_allocated(r, arg=None):
 
 @renders("predict", "equal-memory")
 def predict_equal_memory(r, arg=None):
-    """PREDICTED, the issue's goals at equal memory: at every memory level (each setting's peak), the fastest rival
+    """PREDICTED, the goals at equal memory: at every memory level (each setting's peak), the fastest rival
     within it against PETRA's fastest setting within it (PETRA's settings: the rivals table's, and one engine
     stage per device keeping graphs within each budget, where the results have them); per device count, the lowest
     such ratio over the levels where PETRA has a setting, against any rival and against checkpointed ones, with

@@ -134,7 +134,7 @@ def throughput_equal_memory(r, arg=None):
 
 @renders("throughput", "goals")
 def throughput_goals(r, arg=None):
-    """The issue's goals at equal memory, measured: at every memory level (each setting's largest-rank peak), the
+    """The goals at equal memory, measured: at every memory level (each setting's largest-rank peak), the
     fastest torch schedule within it against PETRA's fastest setting within it; the lowest ratio over the levels
     where both have a setting, against every schedule and against the checkpointed ones."""
     records = rival_records(r)
