@@ -58,7 +58,8 @@ import torch  # noqa: E402
 
 from common import RESULTS, add_out_argument, build_model, cross_entropy, progress, random_batches  # noqa: E402
 from common import results_path, revnet_config, write_results  # noqa: E402
-from petra_hub.engine import Mode, Placement, merge_stages, profile_stages, simulate, simulate_schedule  # noqa: E402
+from petra_hub.analysis import profile_stages, simulate, simulate_schedule  # noqa: E402
+from petra_hub.engine import Mode, Placement, merge_stages  # noqa: E402
 from petra_hub.engine.graph_budget import keepable_stages, kept_graph_bytes, stage_inputs  # noqa: E402
 from petra_hub.engine.schedule import Schedule  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH  # noqa: E402

@@ -49,8 +49,8 @@ import torch.distributed as dist  # noqa: E402
 
 from common import add_out_argument, build_model, cross_entropy, feed, make_pipeline, progress  # noqa: E402
 from common import parse_groups, random_batches, results_path, revnet_config, sgd, write_results  # noqa: E402
-from petra_hub.engine import Mode, Placement, StageCost, merge_stages, profile_stages, simulate  # noqa: E402
-from petra_hub.engine import simulate_schedule  # noqa: E402
+from petra_hub.analysis import profile_stages, simulate, simulate_schedule  # noqa: E402
+from petra_hub.engine import Mode, Placement, StageCost, merge_stages  # noqa: E402
 from petra_hub.engine.trace import EXCHANGE  # noqa: E402
 from rivals import SCHEDULES, NotApplicable, Rival, chunk_layout, chunk_owner, measure_fresh  # noqa: E402
 from rivals import pipeline_peak  # noqa: E402

@@ -42,7 +42,8 @@ import torch.distributed as dist  # noqa: E402
 from common import add_out_argument, build_model, cross_entropy, feed, make_pipeline, progress  # noqa: E402
 from common import random_batches, results_path, revnet_config, sgd, write_results  # noqa: E402
 from rivals import SCHEDULES, NotApplicable, Rival, chunk_layout, contiguous_split  # noqa: E402
-from petra_hub.engine import Placement, profile_stages, simulate, simulate_1f1b  # noqa: E402
+from petra_hub.analysis import profile_stages, simulate, simulate_1f1b  # noqa: E402
+from petra_hub.engine import Placement  # noqa: E402
 from petra_hub.engine.trace import EXCHANGE, Trace, events_as_dicts, gather_events, write_chrome_trace  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH, RECIPE_WIDTH  # noqa: E402
 

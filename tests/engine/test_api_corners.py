@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from petra_hub.engine import Pipeline
-from petra_hub.engine.profiling import profile_stages
+from petra_hub.analysis import profile_stages
 from petra_hub.testing.ranks import run_ranks
 
 

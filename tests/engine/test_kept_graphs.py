@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from petra_hub.engine import Mode, Pipeline, Schedule, profile_stages
+from petra_hub.analysis import profile_stages
+from petra_hub.engine import Mode, Pipeline, Schedule
 from petra_hub.engine.accounting import nbytes
 from petra_hub.engine.graph_budget import keepable_stages, kept_graph_bytes, recomputing_stages, stage_inputs
 from petra_hub.engine.tensors import as_tuple

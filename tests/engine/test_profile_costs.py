@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from petra_hub.analysis import profile_stages
 from petra_hub.engine import pipeline as pipeline_module
-from petra_hub.engine import profile_stages
 
 MS = 1e-3
 FIRST_CALL = 50 * MS  # the first forward, backward and step of every stage (lazy initialisation), not a cost

@@ -7,10 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from petra_hub.engine import Mode, Pipeline, Placement, StageCost, profile_stages
-from petra_hub.engine import profiling
+from petra_hub.analysis import profile_stages, split_backward_shares
+from petra_hub.engine import Mode, Pipeline, Placement, StageCost
+from petra_hub.engine import partitioning
 from petra_hub.engine.graph_budget import kept_graphs
-from petra_hub.engine.profiling import auto_partition, split_backward_shares
+from petra_hub.engine.partitioning import auto_partition
 from petra_hub.testing.models import random_images, small_model
 from petra_hub.testing.ranks import run_ranks
 
@@ -175,15 +176,15 @@ def _tanh_stages(count):
 
 
 def spying_on_profile_stages(monkeypatch):
-    """The keyword options `auto_partition` passes to `profile_stages`, recorded (the profile still runs)."""
+    """The keyword options `auto_partition` passes to `measure_stages`, recorded (the profile still runs)."""
     seen = {}
-    original = profiling.profile_stages
+    original = partitioning.measure_stages
 
     def spy(*args, **options):
         seen.update(options)
         return original(*args, **options)
 
-    monkeypatch.setattr(profiling, "profile_stages", spy)
+    monkeypatch.setattr(partitioning, "measure_stages", spy)
     return seen
 
 
@@ -218,7 +219,7 @@ def test_a_memory_budget_is_profiled_as_the_graphs_it_keeps_on_an_even_split(mon
                            sample_inputs=batch[0])
     assert expected and expected != kept_graphs(stages, Mode.PETRA, [range(5)], memory_budget=budget,
                                                 sample_inputs=batch[0])
-    sizes = auto_partition(stages, F.cross_entropy, batch, 2, Mode.PETRA, memory_budget=budget)
+    sizes = auto_partition(Pipeline, stages, F.cross_entropy, batch, 2, Mode.PETRA, memory_budget=budget)
     assert sum(sizes) == 5 and len(sizes) == 2
     assert seen["keep_graphs"] == sorted(expected) and seen["memory_budget"] is None
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from petra_hub.engine import Placement, StageCost, simulate, simulate_1f1b
+from petra_hub.analysis import simulate, simulate_1f1b
+from petra_hub.engine import Placement, StageCost
 
 
 def uniform(count=10, forward=1.0, backward=2.0, update=0.0, sent=1000):

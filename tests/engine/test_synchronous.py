@@ -6,7 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from petra_hub.engine import Placement, StageCost, schedule_order, simulate_schedule
+from petra_hub.analysis import schedule_order, simulate_schedule
+from petra_hub.engine import Placement, StageCost
 
 SPLIT = ("ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble", "ScheduleDualPipeV")
 

@@ -18,10 +18,8 @@ from .compilation import compile_stage
 from .fidelity import StageFidelity
 from .placement import Placement, replica_of
 from .collectives import disagreements
-from .profiling import StageCost, profile_stages
+from .partitioning import StageCost
 from .schedule import Schedule
-from .simulation import Simulation, simulate
-from .synchronous import schedule_order, simulate_1f1b, simulate_schedule
 from .worker import StageWorker
 from .wire import (WireError, all_gather_json, broadcast_json, broadcast_tensors, collective_device, gather_tensors,
                    recv_json, send_json)
@@ -35,7 +33,6 @@ __all__ = [
     "Placement",
     "Precision",
     "Schedule",
-    "Simulation",
     "StageCost",
     "StageCounters",
     "StageFidelity",
@@ -55,12 +52,7 @@ __all__ = [
     "stage_layout",
     "paper_sgd",
     "peer_failure",
-    "profile_stages",
     "recv_json",
     "replica_of",
-    "simulate",
-    "schedule_order",
     "send_json",
-    "simulate_1f1b",
-    "simulate_schedule",
 ]

@@ -24,12 +24,12 @@ from .errors import Breaker, PipelineError
 from .fidelity import StageFidelity, StageProbe, gather, measure
 from .graph_budget import kept_graphs
 from .handshake import check_same_spec, handshake, input_spec_of
-from .modes import Mode
 from .inference import evaluating, forward_local
-from .readings import Readings
+from .modes import Mode
+from .partitioning import auto_partition
 from .placement import Placement, pipeline_groups
-from .profiling import auto_partition
 from .precision import Precision
+from .readings import Readings
 from .protocol import DRAIN, GATHER, INFER, PROBE, STEP, Moment
 from .routing import Router
 from .schedule import Schedule
@@ -147,11 +147,11 @@ class Pipeline(Readings):
             # what a stage costs (not the scheduler, which could move the profile's weights from learning rate 0, nor
             # on_update, which would see its gradients)
             partition = auto_partition(
-                self.stages, loss_fn, profile_batch, world, self.mode, self.job_group, distributed, device=device,
-                precision=self.precision, optimizer_factory=optimizer_factory, accumulation_steps=accumulation_steps,
-                max_grad_norm=max_grad_norm, check_reconstruction_every=check_reconstruction_every,
-                compile_options=compile_options, weight_prediction=weight_prediction, keep_graphs=keep_graphs,
-                memory_budget=memory_budget)
+                Pipeline, self.stages, loss_fn, profile_batch, world, self.mode, self.job_group, distributed,
+                device=device, precision=self.precision, optimizer_factory=optimizer_factory,
+                accumulation_steps=accumulation_steps, max_grad_norm=max_grad_norm,
+                check_reconstruction_every=check_reconstruction_every, compile_options=compile_options,
+                weight_prediction=weight_prediction, keep_graphs=keep_graphs, memory_budget=memory_budget)
         self.placement = Placement.for_pipeline(partition, len(self.stages), world)
         self.local = self.placement.groups[self.rank]
         self._global_ranks: list[int] | None = None

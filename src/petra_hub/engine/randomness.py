@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .stages import StageGroup
+
 
 @dataclass(frozen=True)
 class RngState:
@@ -85,8 +87,6 @@ def preserved(device: torch.device | None) -> Iterator[None]:
 def units(stage: nn.Module) -> list[nn.Module]:
     """The pieces a stage reconstructs one at a time: the members of a reversible `StageGroup` (recursively),
     else the stage itself."""
-    from .stages import StageGroup
-
     if isinstance(stage, StageGroup) and stage.reversible:
         return [unit for member in stage.members for unit in units(member)]
     return [stage]

@@ -24,11 +24,12 @@ run can be drawn with the same `plot_timeline`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from .modes import Mode
-from .placement import Placement
-from .profiling import StageCost
-from .schedule import Schedule
-from .trace import EXCHANGE, Event
+
+from ..engine.modes import Mode
+from ..engine.partitioning import StageCost
+from ..engine.placement import Placement
+from ..engine.schedule import Schedule
+from ..engine.trace import EXCHANGE, Event
 
 
 @dataclass(frozen=True)

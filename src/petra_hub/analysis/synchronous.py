@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Literal
 
-from .placement import Placement
-from .profiling import StageCost
+from ..engine.partitioning import StageCost
+from ..engine.placement import Placement
+from ..engine.trace import Event
 from .simulation import Simulation
-from .trace import Event
 
 Checkpointing = Literal["none", "all", "but_last"]
 Buffers = Literal["needed", "torch"]

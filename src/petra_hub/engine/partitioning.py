@@ -1,6 +1,7 @@
-"""What each stage costs, measured: the input of `Placement.auto` (and of any estimate of a partition's speed).
+"""Partitioning the stages by measurement (`Pipeline(partition="auto")`): what each stage costs, measured, and the
+contiguous split of the stages whose slowest rank is fastest (`Placement.auto`).
 
-`profile_stages` runs copies of the stages in one process through the real schedule of the chosen mode (so a
+`measure_stages` runs copies of the stages in one process through the real schedule of the chosen mode (so a
 reversible stage's backward is its fused reconstruction and backward under PETRA, a buffered stage's is its
 recomputation and backward), traced, on one sample micro-batch fed again and again with frozen weights (the run's
 optimizer, plain SGD by default, at learning rate 0, so that updates cost what they cost without moving the
@@ -8,6 +9,9 @@ weights). After 2J-1 micro-batches (what fills a pipelined run) and `warmup` mor
 timings of each stage's forward, backward and update, the bytes of its messages from the handshake's shapes, the
 bytes it held at its peak, the bytes of one micro-batch's graph, and its share of the engine's own time per tick (the
 timed window's wall time minus the time inside the operations).
+
+Only what a run needs lives here; `petra_hub.analysis.profiling.profile_stages` builds on `measure_stages` for the
+benchmarks' predictions (and adds the halves of a split backward).
 """
 
 from __future__ import annotations
@@ -18,18 +22,19 @@ import itertools
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from .accounting import graph_bytes, nbytes
-from .batchnorm import frozen_running_stats
 from .graph_budget import kept_graphs, stage_inputs
 from .messages import message_bytes
 from .modes import Mode
+from .placement import Placement
 from .randomness import preserved
-from .tensors import Activation, as_tuple, detached, to_device
+from .tensors import Activation, as_tuple, to_device
 from .wire import WireError, broadcast_json
 
 
@@ -49,7 +54,8 @@ class StageCost:
     # stage keeps its forward's graph: its backward builds none, and held_bytes counts the graphs it keeps)
     graph_bytes: int = 0
     # under `backprop`, the halves of a backward split as torch's zero-bubble schedules split it: the input's
-    # gradient, then the weights' (walking the graph twice, they may add up to more than backward_s)
+    # gradient, then the weights' (walking the graph twice, they may add up to more than backward_s); measured by
+    # `petra_hub.analysis.profile_stages`, None from `measure_stages`
     input_backward_s: float | None = None
     weight_backward_s: float | None = None
 
@@ -58,7 +64,18 @@ class StageCost:
         return self.forward_s + self.backward_s + self.update_s
 
 
-def profile_stages(
+@dataclass(frozen=True)
+class Measurement:
+    """What `measure_stages` measured, with what a finer analysis of the same run reuses."""
+
+    costs: list[StageCost]
+    copies: list[nn.Module]  # the stages measured (copies of the caller's, at the weights they started from)
+    stage_inputs: list  # stage_inputs[j]: stage j's input for the sample micro-batch (on `device`)
+    device: torch.device | None  # where the copies ran (None: where the stages were)
+
+
+def measure_stages(
+    pipeline_class: type,
     stages: list[nn.Module],
     sample_batch: tuple[Activation, object],
     loss_fn: Callable = torch.nn.functional.cross_entropy,
@@ -68,15 +85,22 @@ def profile_stages(
     warmup: int = 2,
     optimizer_factory: Callable | None = None,
     **options,
-) -> list[StageCost]:
+) -> Measurement:
     """Measure every stage on `sample_batch` = (inputs, targets) in one process (the stages themselves are not
-    touched: copies run). `optimizer_factory` is the run's `(index, stage) -> optimizer`, whose step the update
-    timings measure (default: plain SGD); it runs at learning rate 0. `options` go to the `Pipeline` (e.g.
-    `precision`, `device`)."""
+    touched: copies run) in a `pipeline_class` (the `Pipeline`, given by the caller: the pipeline's module is the one
+    that imports this one). `optimizer_factory` is the run's `(index, stage) -> optimizer`, whose step the update
+    timings measure (default: plain SGD); it runs at learning rate 0. `options` go to the pipeline (e.g.
+    `precision`, `device`). The global generators are left where they were (`generators_kept`)."""
     if repeats < 1 or warmup < 0:
-        raise ValueError(f"profile_stages needs repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
-    with generators_kept(stages, options.get("device")):
-        return _measure(stages, sample_batch, loss_fn, Mode.parse(mode), repeats, warmup, optimizer_factory, options)
+        raise ValueError(f"profiling the stages needs repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    with generators_kept(stages, _device(options)):
+        return _measure(pipeline_class, stages, sample_batch, loss_fn, Mode.parse(mode), repeats, warmup,
+                        optimizer_factory, options)
+
+
+def _device(options: dict) -> torch.device | str | None:
+    """The device the pipeline `options` name."""
+    return options.get("device")
 
 
 @contextlib.contextmanager
@@ -95,14 +119,13 @@ def generators_kept(stages: list[nn.Module], device: torch.device | str | None) 
         yield
 
 
-def _measure(stages: list[nn.Module], sample_batch: tuple[Activation, object], loss_fn: Callable, mode: Mode,
-             repeats: int, warmup: int, optimizer_factory: Callable | None, options: dict) -> list[StageCost]:
-    """`profile_stages`' measurement (the generators left to it)."""
-    from .pipeline import Pipeline
-
+def _measure(pipeline_class: type, stages: list[nn.Module], sample_batch: tuple[Activation, object],
+             loss_fn: Callable, mode: Mode, repeats: int, warmup: int, optimizer_factory: Callable | None,
+             options: dict) -> Measurement:
+    """`measure_stages`' measurement (the generators left to it)."""
     copies = [copy.deepcopy(stage) for stage in stages]
-    pipeline = Pipeline(copies, loss_fn, mode=mode, distributed=False, trace=True,
-                        optimizer_factory=at_zero_learning_rate(optimizer_factory), **options)
+    pipeline = pipeline_class(copies, loss_fn, mode=mode, distributed=False, trace=True,
+                              optimizer_factory=at_zero_learning_rate(optimizer_factory), **options)
     inputs, targets = sample_batch
     # untimed: as many micro-batches as fill a pipelined run (2J-1), in every mode, so that a fresh process has
     # warmed up (allocator, first calls) before anything is timed
@@ -141,14 +164,7 @@ def _measure(stages: list[nn.Module], sample_batch: tuple[Activation, object], l
             parameter_bytes=nbytes(stage.parameters()),
             graph_bytes=0 if index in pipeline.kept_graphs else graph_bytes(stage, stage_samples[index]),
         ))
-    if mode is Mode.BACKPROP:  # what a split backward (torch's zero-bubble schedules) needs
-        costs[0] = replace(costs[0], input_backward_s=0.0, weight_backward_s=costs[0].backward_s)  # data: no gradient
-        for index, stage in enumerate(copies[1:], start=1):
-            shares = split_backward_shares(stage, stage_samples[index], to_device(targets, pipeline.device), loss_fn,
-                                           index == len(copies) - 1, repeats)
-            costs[index] = replace(costs[index], input_backward_s=shares[0] * costs[index].backward_s,
-                                   weight_backward_s=shares[1] * costs[index].backward_s)
-    return costs
+    return Measurement(costs, copies, stage_samples, pipeline.device)
 
 
 def at_zero_learning_rate(optimizer_factory: Callable | None) -> Callable:
@@ -171,72 +187,23 @@ def plain_sgd(index: int, stage: nn.Module) -> torch.optim.Optimizer | None:
     return torch.optim.SGD(parameters, lr=0.0) if parameters else None
 
 
-def split_backward_shares(stage: nn.Module, inputs: Activation, targets, loss_fn: Callable, last: bool,
-                          repeats: int) -> tuple[float, float]:
-    """The two halves of a split backward through `stage(inputs)`, each as a fraction of one plain backward (medians
-    of `repeats` timings of each, graphs built untimed): the input's gradient, then the weights'. The split is
-    torch's own (`stage_backward_input`, `stage_backward_weight` of torch.distributed.pipelining, which its
-    zero-bubble schedules run); where this torch lacks them, the input half is a gradient to the inputs alone and
-    the weight half the rest of a plain backward."""
-    try:
-        from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
-    except ImportError:
-        stage_backward_input = stage_backward_weight = None
-    params = [p for p in stage.parameters() if p.requires_grad]
-    if not params:
-        return 1.0, 0.0
-    timings = {"plain": [], "input": [], "weight": []}
-    with torch.enable_grad(), frozen_running_stats(stage), preserved(params[0].device):
-        for _ in range(repeats + 1):  # the first of each untimed
-            for split in (False, True):
-                leaves = detached(inputs, requires_grad=True)
-                wrt_inputs = [t for t in as_tuple(leaves) if t.requires_grad]
-                outputs = as_tuple(stage(leaves))
-                # the loss, or copies as a pipeline stage sends them: torch's split detaches them in place
-                outputs = (loss_fn(outputs[0], targets),) if last else tuple(t.clone() for t in outputs)
-                seeds = [torch.ones_like(t) for t in outputs]
-                start = time.perf_counter()
-                if not split:
-                    torch.autograd.grad(outputs, wrt_inputs + params, seeds, allow_unused=True)
-                    timings["plain"].append(time.perf_counter() - start)
-                elif stage_backward_input is None:
-                    torch.autograd.grad(outputs, wrt_inputs, seeds, allow_unused=True)
-                    timings["input"].append(time.perf_counter() - start)
-                else:
-                    _, groups = stage_backward_input(list(outputs), seeds, wrt_inputs, iter(params))
-                    middle = time.perf_counter()
-                    stage_backward_weight(iter(params), groups)
-                    timings["input"].append(middle - start)
-                    timings["weight"].append(time.perf_counter() - middle)
-                    for tensor in (*params, *wrt_inputs):
-                        tensor.grad = None
-    plain, first = (statistics.median(timings[key][1:]) for key in ("plain", "input"))
-    if stage_backward_input is None:
-        return min(1.0, first / plain), max(0.0, 1.0 - first / plain)
-    return first / plain, statistics.median(timings["weight"][1:]) / plain
-
-
-def auto_partition(stages: list[nn.Module], loss_fn: Callable, sample_batch, num_ranks: int, mode: Mode | str,
-                   group=None, distributed: bool = False, **options) -> list[int]:
-    """`Placement.auto` from `profile_stages` on rank 0 of `group` with the run's `options` (the Pipeline's, those
-    that change what a stage costs), the sizes broadcast over `group` so that every rank agrees (a collective when
-    distributed; an error on rank 0 is raised on every rank). `group` holds every rank of the run: with data
-    parallelism, every replica (the default group, whose rank 0 is pipeline rank 0 of replica 0), since replicas
-    profiling on their own could choose different splits, and their gradient averages would pair different stages.
-    A `memory_budget` is profiled as the graphs it keeps on an even split (`graphs_an_even_split_keeps`)."""
-    import torch.distributed as dist
-
-    from .placement import Placement
-
+def auto_partition(pipeline_class: type, stages: list[nn.Module], loss_fn: Callable, sample_batch, num_ranks: int,
+                   mode: Mode | str, group=None, distributed: bool = False, **options) -> list[int]:
+    """`Placement.auto` from `measure_stages` (in a `pipeline_class`) on rank 0 of `group` with the run's `options`
+    (the Pipeline's, those that change what a stage costs), the sizes broadcast over `group` so that every rank agrees
+    (a collective when distributed; an error on rank 0 is raised on every rank). `group` holds every rank of the run:
+    with data parallelism, every replica (the default group, whose rank 0 is pipeline rank 0 of replica 0), since
+    replicas profiling on their own could choose different splits, and their gradient averages would pair different
+    stages. A `memory_budget` is profiled as the graphs it keeps on an even split (`graphs_an_even_split_keeps`)."""
     if sample_batch is None:
         raise ValueError("partition='auto' needs profile_batch=(inputs, targets): a micro-batch to measure the stages "
                          "on")
     outcome = None
     if not distributed or dist.get_rank(group) == 0:
         try:
-            with generators_kept(stages, options.get("device")):  # rank 0 alone runs this: the others' stay put
+            with generators_kept(stages, _device(options)):  # rank 0 alone runs this: the others' stay put
                 options = graphs_an_even_split_keeps(stages, mode, sample_batch[0], num_ranks, options)
-                costs = profile_stages(stages, sample_batch, loss_fn, mode=mode, **options)
+                costs = measure_stages(pipeline_class, stages, sample_batch, loss_fn, mode=mode, **options).costs
             placement = Placement.auto(costs, num_ranks, accumulation_steps=options.get("accumulation_steps", 1))
             outcome = ["sizes", [len(g) for g in placement.groups]]
         except Exception as error:  # noqa: BLE001 - every rank must learn of it, or the others would wait forever
@@ -269,8 +236,6 @@ def graphs_an_even_split_keeps(stages: list[nn.Module], mode: Mode | str, sample
     profile measures those of the split the search starts from (the run keeps those of the split chosen)."""
     if options.get("memory_budget") is None:
         return options
-    from .placement import Placement
-
     groups = Placement.balanced(len(stages), num_ranks).groups
     kept = kept_graphs(stages, Mode.parse(mode), groups, options.get("keep_graphs"), options["memory_budget"],
                        sample_inputs)
