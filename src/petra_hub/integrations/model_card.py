@@ -285,6 +285,7 @@ def _template_variables(summary: TrainingSummary, repo_id: str | None, config=No
         "base_model_link": base_model or "",
         "model_type": family.model_type,
         "classifier_class": family.classifier_class.__name__,
+        "family_package": family.import_name,
         "architecture_name": architecture_name,
         "architecture": architecture,
         "num_parameters": words.parameters_text(summary.num_parameters),

@@ -75,6 +75,7 @@ class ModelFamily:
     - `architecture(config, preset) -> (short name, one-line description)` for the card (default: the title and
       the preset name).
     - `stored_stages(config) -> str`: which stages keep their inputs because they are not reversible (card).
+    - `package`: the module a user imports for the classes (the card's snippets; default: the classifier's).
     - `card_tags`: Hub tags; `card_template`: a jinja2 template extending petra_hub's `card.md` (default: `card.md`
       itself, with `description`); `citation`: BibTeX the card adds.
     - `timm_module` and `timm_models`: the module whose import registers the family's timm entry points, and
@@ -92,6 +93,7 @@ class ModelFamily:
     recipe_flags: tuple[str, ...] = ()
     architecture: Callable[[Any, str | None], tuple[str, str]] | None = None
     stored_stages: Callable[[Any], str] | None = None
+    package: str | None = None
     card_tags: tuple[str, ...] = ()
     card_template: str | os.PathLike | None = None
     citation: str | None = None
@@ -101,6 +103,11 @@ class ModelFamily:
     @property
     def model_type(self) -> str:
         return self.config_class.model_type
+
+    @property
+    def import_name(self) -> str:
+        """The module the card's snippets import the classifier from."""
+        return self.package or self.classifier_class.__module__
 
     # -- presets ----------------------------------------------------------------------------------------------------
     def preset_key(self, name: str) -> str | None:

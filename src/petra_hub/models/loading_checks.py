@@ -1,6 +1,7 @@
 """Checks every petra_hub model family runs when it loads a saved model (a clear error for a missing or malformed
-config.json, a warning naming the weights or statistics that hold NaN or infinity), on the labels of its loss, and on
-the values of its configuration (plain integers for sizes, the class cap, the problem types).
+config.json, a warning naming the weights or statistics that hold NaN or infinity), on the labels of its loss, on the
+values of its configuration (plain integers for sizes, the class cap, the problem types) and on the size of the model
+it describes (counted on the meta device); and the image classifier both families build on their base model.
 
 One file for all families: `revnet/loading_checks.py` and `revvit/loading_checks.py` are links to this file, and
 each modeling and configuration file imports it relatively (`from .loading_checks import ...`). `save_pretrained`
@@ -13,10 +14,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import warnings
 from itertools import chain
 
 import torch
+from torch import nn
 from transformers import PretrainedConfig
 
 
@@ -191,3 +194,46 @@ class CheckedNumLabelsMixin:
     def num_labels(self, value) -> None:
         check_num_labels(value, type(self).__name__)
         PretrainedConfig.num_labels.fset(self, value)
+
+
+# -- the size of a model (both families' models check it before building anything) ----------------------------------
+MAX_PARAMETERS = 2_000_000_000  # 8 GB of float32 weights; the paper's largest RevNet has 55 million
+_counting = threading.local()
+
+
+def check_parameter_count(model_class: type, config) -> None:
+    """Refuse a configuration whose model would hold more than MAX_PARAMETERS parameters, before anything is
+    allocated: `model_class(config)` is built on the meta device (shapes only) and its parameters counted, so the
+    count is the model's own. Call it first in the model's `__init__` (the meta build skips the check it runs)."""
+    if getattr(_counting, "active", False):
+        return
+    _counting.active = True
+    try:
+        with torch.device("meta"):
+            count = sum(parameter.numel() for parameter in model_class(config).parameters())
+    finally:
+        _counting.active = False
+    if count > MAX_PARAMETERS:
+        raise ValueError(f"Invalid {type(config).__name__}: {config.describe_sizes()} make {count:,} parameters, more "
+                         f"than the cap of {MAX_PARAMETERS:,}")
+
+
+class ImageClassifierMixin:
+    """Put before a family's `PreTrainedModel` in its classifier's bases, and set `base_model_class`: the base model
+    (kept under `base_model_prefix`), a linear classifier on its pooled features (`num_features` wide), and the loss
+    of `config.problem_type` after checking that the labels fit the model."""
+
+    accepts_loss_kwargs = False  # the loss is a micro-batch mean: the Trainer must not rescale it for accumulation
+    base_model_class: type
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        setattr(self, self.base_model_prefix, self.base_model_class(config))
+        self.classifier = nn.Linear(self.base_model.num_features, config.num_labels)
+        self.post_init()
+
+    def compute_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The loss of `config.problem_type`, after checking that the labels fit the model."""
+        check_labels(labels, logits, self.config)
+        return self.loss_function(loss_labels(labels, logits, self.config), logits, self.config)

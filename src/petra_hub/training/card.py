@@ -20,7 +20,6 @@ import torch
 from ..data import dataset_spec, image_processor_for
 from ..integrations.hub import name_generic_labels
 from ..integrations.model_card import TrainingSummary
-from .optimization import stage_optimizer
 from ..integrations.model_card_text import (
     code_span,
     is_hub_id,
@@ -37,7 +36,9 @@ from .card_data import (
     processor_convention,
     reported_eval_set,
 )
+from ..models.families import family_named
 from .distributed import world_size
+from .optimization import stage_optimizer
 
 
 def hardware_description() -> str:
@@ -303,9 +304,11 @@ def saved_processor(trainer, facts=None):
 
 def save_run_folder(trainer, output_dir: str) -> None:
     """What `PetraTrainer.save_model` writes on the process that saves: the model (safetensors), the image processor
-    (`saved_processor`), the training arguments and the model card."""
+    (`saved_processor`), the training arguments and the model card. A model of no registered family gets no card (a
+    card says what the architecture is), with a warning saying how to have one."""
     os.makedirs(output_dir, exist_ok=True)
-    trainer.model.save_pretrained(output_dir)
+    model = trainer.model
+    model.save_pretrained(output_dir)
     facts = describe_data(trainer.train_dataset, trainer.eval_dataset)
     processor = saved_processor(trainer, facts)
     if processor is not None:
@@ -316,6 +319,12 @@ def save_run_folder(trainer, output_dir: str) -> None:
                       "prepares images as the training data was, so that AutoImageProcessor and pipeline load the "
                       "model", stacklevel=3)
     torch.save(trainer.args, os.path.join(output_dir, "training_args.bin"))
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if family_named(model_type) is None:
+        warnings.warn(f"save_model: no model card written to {output_dir}: {type(model).__name__} (model_type "
+                      f"{model_type!r}) belongs to no registered model family; register it with "
+                      "petra_hub.register_family(ModelFamily(...)) to have one", stacklevel=3)
+        return
     write_run_card(trainer, output_dir)
 
 

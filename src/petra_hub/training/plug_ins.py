@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from itertools import chain
 
 import torch
-from transformers import Trainer
+from transformers import PreTrainedModel, Trainer
 from transformers.modeling_outputs import ImageClassifierOutput
 
 from ..models.loading_checks import IGNORE_INDEX
@@ -54,6 +54,20 @@ _REFUSED_OVERRIDES = {
                         "use a TrainerCallback's on_train_end to act after it",
     "_load_rng_state": "each rank's generators are restored from its own rng_state_<rank>.pth before the first step",
 }
+
+
+def check_trainable(model) -> None:
+    """PETRA trains a transformers `PreTrainedModel` whose `get_stages()` returns its pipeline stages, of a registered
+    model family or not: its configuration names the labels the loss is checked against, and `save_model` writes a
+    `from_pretrained` folder of it."""
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"PetraTrainer needs a transformers PreTrainedModel with get_stages(), got "
+                        f"{type(model).__name__}: subclass PreTrainedModel (with a PretrainedConfig naming num_labels) "
+                        "so that the labels can be checked and save_model can write a from_pretrained folder")
+    if not callable(getattr(model, "get_stages", None)):
+        raise ValueError(f"PetraTrainer needs a model with get_stages(), which returns its pipeline stages; "
+                         f"{type(model).__name__} has none (RevNetForImageClassification and every registered "
+                         "model family's classifier have it)")
 
 
 def check_plug_ins(trainer: Trainer) -> None:

@@ -41,7 +41,7 @@ from .fidelity import GradientFidelityCallback
 from .guards import RunLock, check_finite, preflight
 from .losses import LossWindow, PendingLosses, collect, training_logs
 from .optimization import optimizer_factory, scheduler_factory, stage_optimizer
-from .plug_ins import check_plug_ins, loss_function, with_step_labels
+from .plug_ins import check_plug_ins, check_trainable, loss_function, with_step_labels
 from .rng_state import restore_rng_state
 from .sampler import EpochSampler
 from .support import check_supported
@@ -58,8 +58,7 @@ class PetraTrainer(Trainer):
             raise TypeError(f"PetraTrainer needs PetraTrainingArguments, got {type(args).__name__}")
         super().__init__(model, args, *positional, **kwargs)
         check_supported(self.args)  # again below: a field set after the arguments were built (args.x = ...)
-        if not hasattr(self.model, "get_stages"):
-            raise ValueError("PetraTrainer needs a model with get_stages(), such as RevNetForImageClassification")
+        check_trainable(self.model)
         check_plug_ins(self)
         self.stages = self._make_stages()
         if args.petra_gradient_fidelity_steps:

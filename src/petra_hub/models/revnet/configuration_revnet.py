@@ -18,11 +18,10 @@ BLOCK_TYPES = ("basic", "bottleneck")
 STEMS = ("cifar", "imagenet")
 DOWNSAMPLINGS = ("buffered", "invertible")
 # Caps checked before anything is built from a configuration (a config.json can claim any size): the classes (as
-# petra_hub.data.sources.MAX_CLASSES; this file imports nothing of petra_hub), the layers, the blocks of all layers
-# and the parameters the sizes make together (8 GB of float32 weights; the paper's largest RevNet has 55 million).
+# petra_hub.data.sources.MAX_CLASSES; this file imports nothing of petra_hub), the layers and the blocks of all
+# layers. The parameters the sizes make together are counted by the model (loading_checks.check_parameter_count).
 MAX_LAYERS = 64
 MAX_BLOCKS = 10_000
-MAX_PARAMETERS = 2_000_000_000
 
 # The paper's models: ResNet depths, and per-stream widths equal to the ResNet widths.
 PRESETS = {
@@ -78,66 +77,18 @@ def _as_list(values):
     return list(values) if isinstance(values, (list, tuple)) else values
 
 
-def check_sizes(block_type, depths, hidden_sizes, embedding_size, stem, num_channels, downsampling, layer_strides,
-                kwargs: dict) -> None:
+def check_sizes(depths, hidden_sizes, layer_strides, kwargs: dict) -> None:
     """Refuse, before anything is allocated from them, sizes beyond the caps: num_labels (or id2label), the number
-    of layers and of blocks, and the parameters the sizes make together (estimated as the model builds them)."""
-    labels = check_label_count(kwargs, "RevNetConfig")
+    of layers and of blocks."""
+    check_label_count(kwargs, "RevNetConfig")
     for key, values in (("depths", depths), ("hidden_sizes", hidden_sizes), ("layer_strides", layer_strides)):
         if isinstance(values, (list, tuple)) and len(values) > MAX_LAYERS:
             raise ValueError(f"Invalid RevNetConfig: {key} has {len(values):,} entries (one per layer), more than the "
                              f"cap of {MAX_LAYERS} layers")
-    depths, widths = _counts([2, 2, 2, 2] if depths is None else depths), _counts(
-        [64, 128, 256, 512] if hidden_sizes is None else hidden_sizes)
+    depths = _counts([2, 2, 2, 2] if depths is None else depths)
     if depths is not None and sum(depths) > MAX_BLOCKS:
         raise ValueError(f"Invalid RevNetConfig: depths {depths} make {sum(depths):,} blocks, more than the cap of "
                          f"{MAX_BLOCKS:,}")
-    strides = _counts(([1] + [2] * (len(depths) - 1) if depths else []) if layer_strides is None else layer_strides)
-    sizes = (plain_count(embedding_size), plain_count(num_channels))
-    if None in (depths, widths, strides, *sizes) or not len(depths) == len(widths) == len(strides):
-        return  # validate_architecture names what is wrong, then checks the estimate of what it accepted
-    check_parameters(block_type, depths, widths, max(sizes[0], 0), stem, max(sizes[1], 0), downsampling, strides,
-                     labels)
-
-
-def check_parameters(block_type, depths, hidden_sizes, embedding_size, stem, num_channels, downsampling,
-                     layer_strides, num_labels) -> None:
-    """Refuse sizes (integers) whose estimated parameters exceed MAX_PARAMETERS."""
-    parameters = estimated_parameters(block_type, depths, hidden_sizes, embedding_size, stem, num_channels,
-                                      downsampling, layer_strides, num_labels)
-    if parameters > MAX_PARAMETERS:
-        raise ValueError(
-            f"Invalid RevNetConfig: depths {depths}, hidden_sizes {hidden_sizes}, embedding_size {embedding_size}, "
-            f"num_channels {num_channels} and {num_labels:,} labels make about {parameters:,} parameters, more "
-            f"than the cap of {MAX_PARAMETERS:,}"
-        )
-
-
-def estimated_parameters(block_type, depths, hidden_sizes, embedding_size, stem, num_channels, downsampling,
-                         layer_strides, num_labels) -> int:
-    """The weights of the convolutions and the classifier a RevNet of these sizes has (batch norms left out), as
-    `modeling_revnet.build_blocks` builds them, computed without building anything."""
-
-    def block(width: int, hidden: int) -> int:  # one reversible block's residual function
-        return 18 * width * hidden if block_type == "basic" else 2 * width * hidden + 9 * hidden * hidden
-
-    width = embedding_size
-    total = num_channels * 2 * embedding_size * (49 if stem == "imagenet" else 9)
-    for depth, layer_width, stride in zip(depths, hidden_sizes, layer_strides):
-        hidden = layer_width if block_type == "basic" else layer_width // 4
-        if depth and (stride != 1 or width != layer_width):
-            if downsampling == "invertible":
-                width *= 4 if stride == 2 else 1
-                total += block(width, hidden)
-            elif block_type == "basic":  # the buffered block: two 3x3 convolutions and a 1x1 projection
-                total += 9 * width * layer_width + 9 * layer_width * layer_width + width * layer_width
-                width = layer_width
-            else:  # the bottleneck's residual function (1x1, 3x3, 1x1) and two 1x1 projections
-                total += width * hidden + 9 * hidden * hidden + hidden * layer_width + 2 * width * layer_width
-                width = layer_width
-            depth -= 1
-        total += depth * block(width, hidden)
-    return total + 2 * width * num_labels
 
 
 class RevNetConfig(CheckedNumLabelsMixin, PretrainedConfig):
@@ -175,8 +126,7 @@ class RevNetConfig(CheckedNumLabelsMixin, PretrainedConfig):
         initializer_range: float = 0.01,
         **kwargs,
     ):
-        check_sizes(block_type, depths, hidden_sizes, embedding_size, stem, num_channels, downsampling, layer_strides,
-                    kwargs)  # before PretrainedConfig builds id2label from num_labels
+        check_sizes(depths, hidden_sizes, layer_strides, kwargs)  # before PretrainedConfig builds id2label
         self.block_type = block_type
         self.depths = _as_list([2, 2, 2, 2] if depths is None else depths)
         self.hidden_sizes = _as_list([64, 128, 256, 512] if hidden_sizes is None else hidden_sizes)
@@ -259,10 +209,11 @@ class RevNetConfig(CheckedNumLabelsMixin, PretrainedConfig):
         for key, (accepted, why) in FOREIGN_KEYS.items():
             if key in vars(self):
                 check(vars(self)[key] in accepted, f"{key}={vars(self)[key]!r} is not supported: {why}")
-        # Every size is now a checked integer: what was accepted must also fit the cap (check_sizes skipped the
-        # estimate for values it could not read, and from_pretrained sets its overrides after __init__).
-        check_parameters(self.block_type, self.depths, self.hidden_sizes, self.embedding_size, self.stem,
-                         self.num_channels, self.downsampling, self.layer_strides, self.num_labels)
+
+    def describe_sizes(self) -> str:
+        """The sizes that set the number of parameters, for the model's size check."""
+        return (f"depths {self.depths}, hidden_sizes {self.hidden_sizes}, embedding_size {self.embedding_size}, "
+                f"num_channels {self.num_channels} ({self.downsampling} downsampling) and {self.num_labels:,} labels")
 
     def stream_widths(self) -> list[int]:
         """The width of each stream after each layer: hidden_sizes with buffered downsampling; with invertible

@@ -73,6 +73,7 @@ REVNET = register_family(ModelFamily(
     recipe_flags=("stem", "downsampling", "hidden_sizes", "embedding_size"),
     architecture=architecture,
     stored_stages=stored_stages,
+    package="petra_hub",
     card_tags=("revnet",),
     card_template="revnet.md",
     timm_module="petra_hub.integrations.timm",

@@ -22,7 +22,7 @@ from transformers.modeling_outputs import (
 )
 
 from .configuration_revnet import RevNetConfig
-from .loading_checks import CheckedLoadingMixin, check_labels, loss_labels
+from .loading_checks import CheckedLoadingMixin, ImageClassifierMixin, check_parameter_count
 
 Streams = tuple[torch.Tensor, torch.Tensor]
 
@@ -227,6 +227,7 @@ class RevNetPreTrainedModel(CheckedLoadingMixin, PreTrainedModel):
     def __init__(self, config: RevNetConfig, *inputs, **kwargs):
         # from_pretrained(..., stem=...) sets keyword overrides on the config after the config checked itself.
         config.validate_architecture()
+        check_parameter_count(type(self), config)
         super().__init__(config, *inputs, **kwargs)
 
     @torch.no_grad()
@@ -316,25 +317,12 @@ class RevNetModel(RevNetPreTrainedModel):
         )
 
 
-class RevNetForImageClassification(RevNetPreTrainedModel):
-    # The loss is a mean over the micro-batch; the Trainer must not rescale it for accumulation.
-    accepts_loss_kwargs = False
-
-    def __init__(self, config: RevNetConfig):
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.revnet = RevNetModel(config)
-        self.classifier = nn.Linear(self.revnet.num_features, config.num_labels)
-        self.post_init()
+class RevNetForImageClassification(ImageClassifierMixin, RevNetPreTrainedModel):
+    base_model_class = RevNetModel
 
     def get_stages(self) -> list[nn.Module]:
         """The paper's partition: stem, one stage per block, head. Running them in order equals `forward`."""
         return [*self.revnet.get_stages(), RevNetHead(self.revnet.pooler, self.classifier)]
-
-    def compute_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """The loss of `config.problem_type`, after checking that the labels fit the model."""
-        check_labels(labels, logits, self.config)
-        return self.loss_function(loss_labels(labels, logits, self.config), logits, self.config)
 
     def forward(
         self,

@@ -15,10 +15,9 @@ from .loading_checks import (
 )
 
 # Caps checked before anything is built from a configuration (a config.json can claim any size): the classes (as
-# petra_hub.data.sources.MAX_CLASSES; this file imports nothing of petra_hub), the blocks, and the parameters the
-# sizes make together (8 GB of float32 weights; revvit-base has 87 million).
+# petra_hub.data.sources.MAX_CLASSES; this file imports nothing of petra_hub) and the blocks. The parameters the sizes
+# make together are counted by the model (loading_checks.check_parameter_count).
 MAX_BLOCKS = 10_000
-MAX_PARAMETERS = 2_000_000_000
 
 # Widths and depths of the RevViT paper (ViT/DeiT sizes); patch 16 at 224x224.
 PRESETS = {
@@ -56,46 +55,13 @@ def canonical_preset(name: str) -> str | None:
     return key if key in PRESETS else None
 
 
-def check_sizes(image_size, patch_size, num_channels, hidden_size, num_hidden_layers, mlp_ratio, kwargs) -> None:
-    """Refuse, before anything is allocated from them, sizes beyond the caps: num_labels (or id2label), the number
-    of blocks, and the parameters the sizes make together (as the model builds them)."""
-    labels = check_label_count(kwargs, "RevViTConfig")
+def check_sizes(num_hidden_layers, kwargs: dict) -> None:
+    """Refuse, before anything is allocated from them, sizes beyond the caps: num_labels (or id2label) and the
+    number of blocks."""
+    check_label_count(kwargs, "RevViTConfig")
     layers = plain_count(num_hidden_layers)
     if layers is not None and layers > MAX_BLOCKS:
         raise ValueError(f"Invalid RevViTConfig: num_hidden_layers={layers:,} is more than the cap of {MAX_BLOCKS:,}")
-    sizes = [plain_count(value) for value in (image_size, patch_size, num_channels, hidden_size, layers)]
-    intermediate = plain_count(kwargs.get("intermediate_size"))
-    if intermediate is None and sizes[3] is not None:
-        ratio = 4.0 if mlp_ratio is None else mlp_ratio
-        if is_real(ratio) and ratio > 0:  # any finite ratio: a huge one makes a huge MLP, which the estimate counts
-            intermediate = int(sizes[3] * ratio)
-    if None in sizes or intermediate is None or min(*sizes, intermediate) < 1:
-        return  # validate_architecture names what is wrong, then checks the estimate of what it accepted
-    check_parameters(*sizes, intermediate, labels)
-
-
-def check_parameters(image_size, patch_size, num_channels, hidden_size, num_hidden_layers, intermediate_size,
-                     num_labels) -> None:
-    """Refuse sizes (integers) whose estimated parameters exceed MAX_PARAMETERS."""
-    parameters = estimated_parameters(image_size, patch_size, num_channels, hidden_size, num_hidden_layers,
-                                      intermediate_size, num_labels)
-    if parameters > MAX_PARAMETERS:
-        raise ValueError(
-            f"Invalid RevViTConfig: image_size {image_size}, patch_size {patch_size}, num_channels {num_channels}, "
-            f"hidden_size {hidden_size}, num_hidden_layers {num_hidden_layers}, an MLP width of {intermediate_size} "
-            f"and {num_labels:,} labels make about {parameters:,} parameters, more than the cap of "
-            f"{MAX_PARAMETERS:,}"
-        )
-
-
-def estimated_parameters(image_size, patch_size, num_channels, hidden_size, num_hidden_layers, intermediate_size,
-                         num_labels) -> int:
-    """The weights of the patch embedding, position embeddings, blocks and classifier of a RevViT of these sizes
-    (biases and layer norms left out), computed without building anything."""
-    patches = (image_size // patch_size) ** 2
-    block = 4 * hidden_size * hidden_size + 2 * hidden_size * intermediate_size  # attention, MLP
-    return (num_channels * patch_size * patch_size * hidden_size + patches * hidden_size
-            + num_hidden_layers * block + 2 * hidden_size * num_labels)
 
 
 class RevViTConfig(CheckedNumLabelsMixin, PretrainedConfig):
@@ -136,8 +102,7 @@ class RevViTConfig(CheckedNumLabelsMixin, PretrainedConfig):
         preset: str | None = None,
         **kwargs,
     ):
-        check_sizes(image_size, patch_size, num_channels, hidden_size, num_hidden_layers, mlp_ratio,
-                    kwargs)  # before PretrainedConfig builds id2label from num_labels
+        check_sizes(num_hidden_layers, kwargs)  # before PretrainedConfig builds id2label from num_labels
         self.image_size = image_size
         self.patch_size = patch_size
         self.num_channels = num_channels
@@ -191,6 +156,12 @@ class RevViTConfig(CheckedNumLabelsMixin, PretrainedConfig):
                              f"any float mlp_ratio (hidden_size {self.hidden_size}): set mlp_ratio")
         self.mlp_ratio = ratio
 
+    def describe_sizes(self) -> str:
+        """The sizes that set the number of parameters, for the model's size check."""
+        return (f"image_size {self.image_size}, patch_size {self.patch_size}, num_channels {self.num_channels}, "
+                f"hidden_size {self.hidden_size}, num_hidden_layers {self.num_hidden_layers}, an MLP width of "
+                f"{self.intermediate_size} and {self.num_labels:,} labels")
+
     def validate_architecture(self) -> None:
         """Raise a ValueError naming the first inconsistent field."""
 
@@ -229,8 +200,3 @@ class RevViTConfig(CheckedNumLabelsMixin, PretrainedConfig):
         for key, (accepted, why) in FOREIGN_KEYS.items():
             if key in vars(self):
                 check(vars(self)[key] in accepted, f"{key}={vars(self)[key]!r} is not supported: {why}")
-        # Every size is now a checked integer and mlp_ratio a finite number: what was accepted must also fit the cap
-        # (check_sizes skipped the estimate for values it could not read, and from_pretrained sets its overrides
-        # after __init__).
-        check_parameters(self.image_size, self.patch_size, self.num_channels, self.hidden_size,
-                         self.num_hidden_layers, self.intermediate_size, self.num_labels)

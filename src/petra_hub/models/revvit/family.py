@@ -65,6 +65,7 @@ REVVIT = register_family(ModelFamily(
     recipe_flags=("patch_size", "drop_path_rate"),
     architecture=architecture,
     stored_stages=lambda config: "The patch embedding and the head",
+    package="petra_hub",
     card_tags=("revvit", "vision-transformer"),
     card_template="revvit.md",
     citation=CITATION,

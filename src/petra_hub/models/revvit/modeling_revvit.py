@@ -27,7 +27,7 @@ from transformers.modeling_outputs import (
 )
 
 from .configuration_revvit import RevViTConfig
-from .loading_checks import CheckedLoadingMixin, check_labels, loss_labels
+from .loading_checks import CheckedLoadingMixin, ImageClassifierMixin, check_parameter_count
 
 Streams = tuple[torch.Tensor, torch.Tensor]
 
@@ -189,6 +189,7 @@ class RevViTPreTrainedModel(CheckedLoadingMixin, PreTrainedModel):
     def __init__(self, config: RevViTConfig, *inputs, **kwargs):
         # from_pretrained(..., drop_path_rate=...) sets keyword overrides on the config after it checked itself.
         config.validate_architecture()
+        check_parameter_count(type(self), config)
         super().__init__(config, *inputs, **kwargs)
 
     @torch.no_grad()
@@ -262,23 +263,12 @@ class RevViTModel(RevViTPreTrainedModel):
             last_hidden_state=last_hidden_state, pooler_output=pooled, hidden_states=hidden_states)
 
 
-class RevViTForImageClassification(RevViTPreTrainedModel):
-    accepts_loss_kwargs = False  # the loss is a micro-batch mean
-
-    def __init__(self, config: RevViTConfig):
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.revvit = RevViTModel(config)
-        self.classifier = nn.Linear(self.revvit.num_features, config.num_labels)
-        self.post_init()
+class RevViTForImageClassification(ImageClassifierMixin, RevViTPreTrainedModel):
+    base_model_class = RevViTModel
 
     def get_stages(self) -> list[nn.Module]:
         """Patch embedding, one stage per block, head. Running them in order equals `forward`."""
         return [*self.revvit.get_stages(), RevViTHead(self.revvit.pooler, self.classifier)]
-
-    def compute_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        check_labels(labels, logits, self.config)
-        return self.loss_function(loss_labels(labels, logits, self.config), logits, self.config)
 
     def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None,
                 output_hidden_states: bool | None = None, return_dict: bool | None = None,
