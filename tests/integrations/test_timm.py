@@ -169,7 +169,6 @@ def test_key_converter_accepts_every_layout():
         "timm": timm_keys,
         "transformers": reference.state_dict(),
         "bare RevNetModel": reference.revnet.state_dict(),
-        "timm before the rename": {f"revnet.{key}": value for key, value in reference.state_dict().items()},
     }
     for layout, state_dict in layouts.items():
         converted = timm_models._to_timm_keys(state_dict)

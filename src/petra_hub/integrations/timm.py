@@ -94,8 +94,7 @@ class TimmRevNet(TimmWrapper):
 
 
 def _to_timm_keys(state_dict: dict[str, torch.Tensor], model: nn.Module | None = None) -> dict[str, torch.Tensor]:
-    """Accept the keys of a timm RevNet (also as saved by petra_hub 0.1.0, `revnet.revnet...`), a transformers
-    RevNetForImageClassification or a bare RevNetModel."""
+    """Accept the keys of a timm RevNet, a transformers RevNetForImageClassification or a bare RevNetModel."""
     return convert_keys(state_dict, "revnet")
 
 

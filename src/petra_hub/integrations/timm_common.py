@@ -160,12 +160,9 @@ class TimmWrapper(nn.Module):
 
 def convert_keys(state_dict: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
     """The keys of a timm model from those of a timm model, a transformers classifier (base model `prefix`, e.g.
-    "revnet"), or a bare base model; `<prefix>.<prefix>.` keys are timm models of petra_hub 0.1.0 (which kept the
-    transformers model under the name `prefix` instead of `model`)."""
+    "revnet"), or a bare base model."""
     if any(key.startswith("model.") for key in state_dict):  # timm model
         return state_dict
-    if any(key.startswith(f"{prefix}.{prefix}.") for key in state_dict):  # timm model saved before the rename
-        return {f"model.{key.removeprefix(f'{prefix}.')}": value for key, value in state_dict.items()}
     if any(key.startswith((f"{prefix}.", "classifier.")) for key in state_dict):  # transformers classifier
         return {f"model.{key}": value for key, value in state_dict.items()}
     return {f"model.{prefix}.{key}": value for key, value in state_dict.items()}  # bare base model
