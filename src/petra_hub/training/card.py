@@ -143,10 +143,10 @@ def results_from_log_history(log_history: list[dict], prefix: str = "eval_") -> 
     return [by_epoch[key] for key in sorted(by_epoch)]
 
 
-def refuse_percentages(final: dict, results: list[dict]) -> list[str]:
-    """Take out of the card (in place) every accuracy that compute_metrics returned as a percentage (97.5, not
-    0.975): a card publishes accuracies as fractions in [0, 1], in model-index and in its tables alike, and does not
-    guess which convention a number follows (0.5 could be either). Writing the card never fails on a metric (it is
+def drop_percentage_accuracies(final: dict, results: list[dict]) -> list[str]:
+    """Delete from `final` and each of `results` (in place) every accuracy that compute_metrics returned as a
+    percentage (97.5, not 0.975): a card publishes accuracies as fractions in [0, 1], in model-index and in its tables
+    alike, and does not guess which convention a number follows (0.5 could be either). Writing the card never fails on a metric (it is
     written on one process, often inside a checkpoint); a warning and the card's notes say what was left out."""
     refused: dict[str, tuple] = {}  # metric -> (the first value refused, the last evaluation's if any; why)
     for metrics in [final, *results]:
@@ -208,7 +208,7 @@ def summarize_trainer(trainer, output_dir: str, **card_kwargs) -> TrainingSummar
     prefix = _metric_prefix(metrics, set_prefix)
     metrics = {key[len(prefix):]: value for key, value in metrics.items() if _is_metric(key, prefix)}
     results = results_from_log_history(state.log_history, set_prefix)
-    notes = refuse_percentages(metrics, results) + _other_sets_note(trainer.eval_dataset)
+    notes = drop_percentage_accuracies(metrics, results) + _other_sets_note(trainer.eval_dataset)
     accuracy, loss = metrics.get("accuracy"), metrics.get("loss")
     accuracy = metrics.pop("accuracy") if is_number(accuracy) else None
     loss = metrics.pop("loss") if is_number(loss) else None

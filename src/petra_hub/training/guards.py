@@ -245,7 +245,8 @@ def _holder_of(fd: int, patience: float = 0.25) -> dict:
         waited, delay = waited + delay, min(2 * delay, 0.02)
 
 
-def preflight(args, model: torch.nn.Module, replica: int, resume_from_checkpoint: str | None) -> RunLock:
+def check_and_lock_output_dir(args, model: torch.nn.Module, replica: int,
+                              resume_from_checkpoint: str | None) -> RunLock:
     """What can fail later is checked before any work: the output folder (writable, room for a checkpoint, not
     another run's unless overwrite_output_dir, which clears the earlier run's files, not in use); returns its lock,
     taken where this process saves. (The checkpoint to resume from is checked by `PetraTrainer.train`.)"""

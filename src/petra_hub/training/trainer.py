@@ -38,7 +38,7 @@ from .distributed import broadcast_module, check_same_run, check_shared_output_d
 from .distributed import raise_on_every_rank, world_size
 from .evaluation import eval_set_named, run_inference
 from .fidelity import GradientFidelityCallback
-from .guards import RunLock, check_finite, preflight
+from .guards import RunLock, check_and_lock_output_dir, check_finite
 from .losses import LossWindow, PendingLosses, collect, training_logs
 from .optimization import optimizer_factory, scheduler_factory, stage_optimizer
 from .plug_ins import check_plug_ins, check_trainable, loss_function, with_step_labels
@@ -186,7 +186,7 @@ class PetraTrainer(Trainer):
         check_same_run(args, dataset_label(self.train_dataset), self._train_labels)  # before any rank writes or trains
         check_shared_output_dir(args)
         with raise_on_every_rank():
-            self._lock = preflight(self.args, self.model, self.replica, resume_from_checkpoint)
+            self._lock = check_and_lock_output_dir(self.args, self.model, self.replica, resume_from_checkpoint)
 
         self.state = TrainerState(stateful_callbacks=self._exportable_callbacks())
         self.state.train_batch_size = args.per_device_train_batch_size
