@@ -146,8 +146,9 @@ def results_from_log_history(log_history: list[dict], prefix: str = "eval_") -> 
 def drop_percentage_accuracies(final: dict, results: list[dict]) -> list[str]:
     """Delete from `final` and each of `results` (in place) every accuracy that compute_metrics returned as a
     percentage (97.5, not 0.975): a card publishes accuracies as fractions in [0, 1], in model-index and in its tables
-    alike, and does not guess which convention a number follows (0.5 could be either). Writing the card never fails on a metric (it is
-    written on one process, often inside a checkpoint); a warning and the card's notes say what was left out."""
+    alike, and does not guess which convention a number follows (0.5 could be either). Writing the card never fails on
+    a metric (it is written on one process, often inside a checkpoint); a warning and the card's notes say what was
+    left out."""
     refused: dict[str, tuple] = {}  # metric -> (the first value refused, the last evaluation's if any; why)
     for metrics in [final, *results]:
         for key, value in list(metrics.items()):
