@@ -33,7 +33,7 @@ import torch.distributed as dist  # noqa: E402
 
 from common import add_out_argument, build_model, feed, make_pipeline, parse_groups, progress  # noqa: E402
 from common import random_batches, results_path, revnet_config, write_results  # noqa: E402
-from petra_hub.engine import merge_stages  # noqa: E402
+from petra_hub.engine import Diagnostics, Layout, MemoryOptions, merge_stages  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH, RECIPE_WIDTH  # noqa: E402
 
 
@@ -72,8 +72,8 @@ def job(rank, world_size, settings) -> dict:
     out = {}
     for spec, (groups, partition, kept) in zip(settings.groups, settings.settings):
         stages = merge_stages(build_model(config).get_stages(), groups)
-        pipeline = make_pipeline(stages, "petra", lr=0.01, partition=partition, timeout=600, keep_graphs=kept,
-                                 trace=True)
+        pipeline = make_pipeline(stages, "petra", lr=0.01, timeout=600, layout=Layout(partition=partition),
+                                 memory=MemoryOptions(keep_graphs=kept), diagnostics=Diagnostics(trace=True))
         feed(pipeline, batches, pipeline.schedule.latency + 4)
         dist.barrier()
         start = time.perf_counter()

@@ -11,7 +11,7 @@ What runs: RevNet18 (J = 10 stages, the paper's widths 64, 128, 256, 512, CIFAR 
 `precision="bf16"`, bf16 compute under autocast with float32 streams and master weights; fp32: autocast off, cuDNN's
 defaults, TF32 convolutions included):
 
-* PETRA as the paper's simulator: all stages in this process on one GPU, `Pipeline(..., device="cuda")`, k = 1.
+* PETRA as the paper's simulator: all stages in this process on one GPU (`Layout(device="cuda")`), k = 1.
   Every step is one tick: each stage runs the forward of one micro-batch and the fused reconstruction and backward
   of an older one, so per micro-batch PETRA computes F once more than backprop (the reconstruction) and keeps no
   activations for the reversible stages.
@@ -60,6 +60,7 @@ import torch  # noqa: E402
 
 from common import add_out_argument, build_model, cross_entropy, load_average, make_pipeline, progress  # noqa: E402
 from common import random_batches, results_path, revnet_config, sgd, write_results  # noqa: E402
+from petra_hub.engine import Layout  # noqa: E402
 
 NUM_DISTINCT_BATCHES = 4
 PRECISIONS = {"bf16": torch.bfloat16, "fp32": None}
@@ -111,7 +112,8 @@ class Petra:
     def __init__(self, settings, precision: str):
         self.model = new_model(settings)
         self.pipeline = make_pipeline(self.model.get_stages(), "petra", lr=settings.lr, distributed=False,
-                                      device="cuda", precision=precision if PRECISIONS[precision] else None)
+                                      layout=Layout(device="cuda"),
+                                      precision=precision if PRECISIONS[precision] else None)
         self.losses: list[torch.Tensor] = []
         self.warm_up_steps = self.pipeline.schedule.latency  # fills the pipeline: every stage busy from then on
 

@@ -33,7 +33,7 @@ import torch  # noqa: E402
 
 from common import add_out_argument, build_model, feed, load_average, make_pipeline, progress  # noqa: E402
 from common import random_batches, results_path, revnet_config, write_results  # noqa: E402
-from petra_hub.engine import Mode  # noqa: E402
+from petra_hub.engine import MemoryOptions, Mode  # noqa: E402
 from petra_hub.engine.graph_budget import keepable_stages, recomputing_stages  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH, RECIPE_WIDTH  # noqa: E402
 
@@ -72,14 +72,15 @@ def main(argv=None) -> dict:
         return make_pipeline(build_model(config).get_stages(), mode, lr=0.01, **options)
 
     engines = {"backprop": pipeline("backprop"), "petra": pipeline("petra"),
-               "petra_kept": pipeline("petra", keep_graphs=candidates),
-               "petra_all_kept": pipeline("petra", keep_graphs=keepable_stages(stages, Mode.PETRA))}
+               "petra_kept": pipeline("petra", memory=MemoryOptions(keep_graphs=candidates)),
+               "petra_all_kept": pipeline(
+                   "petra", memory=MemoryOptions(keep_graphs=keepable_stages(stages, Mode.PETRA)))}
     held = {}
     for name in ("petra", "petra_kept", "petra_all_kept"):  # fill, and read what the steady state holds
         feed(engines[name], batches, 2 * len(stages))
         held[name] = held_bytes(engines[name])
     budget = (held["petra"] + held["petra_all_kept"]) // 2
-    engines["petra_budget"] = pipeline("petra", memory_budget=budget, profile_batch=batches[0])
+    engines["petra_budget"] = pipeline("petra", memory=MemoryOptions(memory_budget=budget), profile_batch=batches[0])
     feed(engines["petra_budget"], batches, 2 * len(stages))
     feed(engines["backprop"], batches, 3)
     progress(f"{os.cpu_count()} CPUs, load average {load_average()}; stages that recompute: {candidates}; budget "

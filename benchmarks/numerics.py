@@ -49,7 +49,7 @@ import torch  # noqa: E402
 from common import add_out_argument, build_model, cross_entropy, load_average, progress  # noqa: E402
 from common import results_path, revnet_config, sgd, write_results  # noqa: E402
 from petra_hub.data import collate_image_batch, load_image_dataset  # noqa: E402
-from petra_hub.engine import Pipeline, Precision, stage_layout  # noqa: E402
+from petra_hub.engine import Diagnostics, Pipeline, Precision, stage_layout  # noqa: E402
 from petra_hub.engine.batchnorm import frozen_running_stats  # noqa: E402
 
 ROOT = HERE.parent
@@ -193,7 +193,7 @@ def heldout_accuracy(pipeline: Pipeline, heldout, batch: int = 128) -> float:
 
 def train(model, precision: Precision, data, steps: int, lr: float, check_every: int, indices: list[int]) -> dict:
     """Real PETRA steps on `model` (updated in place); the reversible stages' errors sampled after every step."""
-    pipeline = petra_pipeline(model, precision, lr, check_reconstruction_every=check_every)
+    pipeline = petra_pipeline(model, precision, lr, diagnostics=Diagnostics(check_reconstruction_every=check_every))
     sampler = ErrorSampler(pipeline, indices)
     losses = []
     for step in range(steps):
@@ -217,7 +217,8 @@ def train(model, precision: Precision, data, steps: int, lr: float, check_every:
 
 def frozen_errors(model, precision: Precision, data, count: int, indices: list[int], offset: int) -> dict:
     """The reconstruction error at fixed weights (no optimizer), every micro-batch checked: rounding only."""
-    pipeline = petra_pipeline(copy.deepcopy(model), precision, None, check_reconstruction_every=1)
+    pipeline = petra_pipeline(copy.deepcopy(model), precision, None,
+                              diagnostics=Diagnostics(check_reconstruction_every=1))
     sampler = ErrorSampler(pipeline, indices)
     for step in range(count):
         pipeline.step(*data.batch(offset + step))

@@ -59,7 +59,7 @@ import torch  # noqa: E402
 from common import RESULTS, add_out_argument, build_model, cross_entropy, progress, random_batches  # noqa: E402
 from common import results_path, revnet_config, write_results  # noqa: E402
 from petra_hub.analysis import profile_stages, simulate, simulate_schedule  # noqa: E402
-from petra_hub.engine import Mode, Placement, merge_stages  # noqa: E402
+from petra_hub.engine import MemoryOptions, Mode, Placement, merge_stages  # noqa: E402
 from petra_hub.engine.graph_budget import keepable_stages, kept_graph_bytes, stage_inputs  # noqa: E402
 from petra_hub.engine.schedule import Schedule  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH  # noqa: E402
@@ -156,7 +156,7 @@ def predict_model(preset: str, quick: bool, rounds: int, kept_memory: int) -> di
         jobs[sizes, None] = (grouped, {})
         passes[sizes] = kept_passes(grouped, sample[0], kept_memory)
         for number, kept in enumerate(passes[sizes]):
-            jobs[sizes, number] = (grouped, {"keep_graphs": kept})
+            jobs[sizes, number] = (grouped, {"memory": MemoryOptions(keep_graphs=kept)})
     progress(f"profiling {preset} as one engine stage per device: {sorted(splits)}, the kept graphs in "
              f"{sum(map(len, passes.values()))} passes of at most {kept_memory / 2**30:.1f} GiB")
     profiled = median_profiles(jobs, sample, rounds)

@@ -50,7 +50,7 @@ import torch.distributed as dist  # noqa: E402
 from common import add_out_argument, build_model, cross_entropy, feed, make_pipeline, progress  # noqa: E402
 from common import parse_groups, random_batches, results_path, revnet_config, sgd, write_results  # noqa: E402
 from petra_hub.analysis import profile_stages, simulate, simulate_schedule  # noqa: E402
-from petra_hub.engine import Mode, Placement, StageCost, merge_stages  # noqa: E402
+from petra_hub.engine import Diagnostics, Layout, MemoryOptions, Mode, Placement, StageCost, merge_stages  # noqa: E402
 from petra_hub.engine.trace import EXCHANGE  # noqa: E402
 from rivals import SCHEDULES, NotApplicable, Rival, chunk_layout, chunk_owner, measure_fresh  # noqa: E402
 from rivals import pipeline_peak  # noqa: E402
@@ -142,7 +142,7 @@ def link(rank: int, repeats: int = 20) -> dict:
 def profile_on_every_rank(stages, sample, mode: str, world_size: int, **options) -> list[StageCost]:
     """Every rank profiles the stages at once, so that each timing sees the other process using the machine as it
     will during the run (the 2 cores share caches and memory bandwidth); the timings are averaged over the ranks.
-    `options` go to `profile_stages` (e.g. `keep_graphs`)."""
+    `options` go to `profile_stages` (e.g. `memory`)."""
     mine = profile_stages(stages, sample, cross_entropy, mode=mode, optimizer_factory=lambda i, s: sgd(s, LR),
                           **options)
     everyone = [None] * world_size
@@ -169,13 +169,14 @@ def job(rank, world_size, settings):
         for groups, partition, kept in settings.settings:
             key = tuple(groups or ()), tuple(kept)
             if key not in profiled:
-                profiled[key] = profile_on_every_rank(stages(groups), batches[0], mode, world_size, keep_graphs=kept)
+                profiled[key] = profile_on_every_rank(stages(groups), batches[0], mode, world_size,
+                                                       memory=MemoryOptions(keep_graphs=kept))
             costs = profiled[key]
             if groups is None and mode not in auto:
                 chosen = Placement.auto(costs, world_size, link_bandwidth=bandwidth, latency=2 * latency)
                 auto[mode] = [len(group) for group in chosen.groups]
-            pipeline = make_pipeline(stages(groups), mode, lr=LR, partition=partition, timeout=600,
-                                     keep_graphs=kept, trace=True)
+            pipeline = make_pipeline(stages(groups), mode, lr=LR, timeout=600, layout=Layout(partition=partition),
+                                     memory=MemoryOptions(keep_graphs=kept), diagnostics=Diagnostics(trace=True))
             peak = pipeline_peak(pipeline, batches)
             feed(pipeline, batches, pipeline.schedule.latency if pipeline.mode.pipelined else 2)
             timed = (time.perf_counter(), None)

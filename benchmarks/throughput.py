@@ -44,7 +44,7 @@ from common import write_results  # noqa: E402
 from rivals import SCHEDULES, build_rivals, chunk_layout, contiguous_split, pipeline_peak  # noqa: E402
 from rivals import Part  # noqa: E402, F401 (timeline.py imports it from here)
 from rivals import measure_all  # noqa: E402
-from petra_hub.engine import merge_stages, stage_layout  # noqa: E402
+from petra_hub.engine import Layout, MemoryOptions, merge_stages, stage_layout  # noqa: E402
 from petra_hub.engine.accounting import graph_bytes, nbytes  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH, RECIPE_WIDTH  # noqa: E402
 
@@ -241,7 +241,7 @@ def bare_exchange(rank, numel: int, copies: int, repeats: int = 20) -> float:
 
 def engine_peak(settings, mode, partition, batches, groups=None, **options) -> int:
     """Activation memory at its peak (`rivals.pipeline_peak`) on a fresh pipeline."""
-    return pipeline_peak(engine(settings, mode, groups, partition=partition, **options), batches)
+    return pipeline_peak(engine(settings, mode, groups, layout=Layout(partition=partition), **options), batches)
 
 
 def multi_process_job(rank, world_size, settings, partition, boundary_numel, copies, layout):
@@ -261,15 +261,16 @@ def multi_process_job(rank, world_size, settings, partition, boundary_numel, cop
     # PETRA with coarser engine stages: {name: (group sizes, stages per rank)}
     grouped = {grouping_name(spec): parse_groups(spec) for spec in settings.petra_groups}
     for name, (groups, stages_per_rank, kept) in grouped.items():
-        peaks[name] = all_values(engine_peak(settings, "petra", stages_per_rank, batches, groups, keep_graphs=kept))
+        peaks[name] = all_values(engine_peak(settings, "petra", stages_per_rank, batches, groups,
+                                             memory=MemoryOptions(keep_graphs=kept)))
 
     # engine pipelines, one per method, each with its own copy of the model: "petra" and the grouped settings run
     # continuously (steady state), "petra_drain" goes from empty to drained in every window
     modes = {"petra": "petra", "petra_drain": "petra"} | {mode: mode for mode in ("reversible_backprop", "backprop")}
-    engines = {name: engine(settings, mode, partition=partition) for name, mode in modes.items()}
+    engines = {name: engine(settings, mode, layout=Layout(partition=partition)) for name, mode in modes.items()}
     for name, (groups, stages_per_rank, kept) in grouped.items():
-        modes[name], engines[name] = "petra", engine(settings, "petra", groups, partition=stages_per_rank,
-                                                     keep_graphs=kept)
+        modes[name], engines[name] = "petra", engine(
+            settings, "petra", groups, layout=Layout(partition=stages_per_rank), memory=MemoryOptions(keep_graphs=kept))
     steady = ["petra", *grouped]
     fed = dict.fromkeys(engines, 0)
 

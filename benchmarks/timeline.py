@@ -9,7 +9,7 @@ checkpointed, traced and drawn as per-rank timelines.
     python benchmarks/timeline.py --quick    # tiny model: timeline-quick.json and PNGs in a temporary folder
 
 Each method trains its own copy of the same RevNet18 (recipe width, micro-batch 32) for a few micro-batches after
-a warm-up; every forward, backward, update and exchange is recorded (`Pipeline(trace=True)`) and the window is
+a warm-up; every forward, backward, update and exchange is recorded (`Diagnostics(trace=True)`) and the window is
 drawn, one row per stage (`petra_hub.plots.plot_timeline`). Every method runs on the partition the throughput
 benchmark uses: `Placement.auto`'s split of the stages' costs, profiled on rank 0 and broadcast (2W chunks for the
 interleaved and V-shaped schedules, as `rivals.chunk_layout` places them). torch's schedules run through
@@ -43,7 +43,7 @@ from common import add_out_argument, build_model, cross_entropy, feed, make_pipe
 from common import random_batches, results_path, revnet_config, sgd, write_results  # noqa: E402
 from rivals import SCHEDULES, NotApplicable, Rival, chunk_layout, contiguous_split  # noqa: E402
 from petra_hub.analysis import profile_stages, simulate, simulate_1f1b  # noqa: E402
-from petra_hub.engine import Placement  # noqa: E402
+from petra_hub.engine import Diagnostics, Layout, Placement  # noqa: E402
 from petra_hub.engine.trace import EXCHANGE, Trace, events_as_dicts, gather_events, write_chrome_trace  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH, RECIPE_WIDTH  # noqa: E402
 
@@ -84,7 +84,8 @@ def job(rank, world_size, settings):
     partition = contiguous_split(costs, world_size)
     traced = {}
     for mode in ENGINE_METHODS:
-        pipeline = make_pipeline(revnet18_stages(), mode, lr=0.01, timeout=600, trace=True, partition=partition)
+        pipeline = make_pipeline(revnet18_stages(), mode, lr=0.01, timeout=600, layout=Layout(partition=partition),
+                                 diagnostics=Diagnostics(trace=True))
         feed(pipeline, batches, 2 * pipeline.num_stages)  # warm-up: fill, and leave PETRA in steady state
         pipeline.trace.events.clear()
         feed(pipeline, batches, settings.micro_batches)

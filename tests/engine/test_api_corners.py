@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from petra_hub.engine import Pipeline
+from petra_hub.engine import Layout, Pipeline, Remedies
 from petra_hub.analysis import profile_stages
 from petra_hub.testing.ranks import run_ranks
 
@@ -61,8 +61,8 @@ def test_auto_partition_leaves_the_global_generator_alone():
         stages = dropout_stages()
         torch.manual_seed(123)
         before = torch.random.get_rng_state()
-        pipeline = Pipeline(stages, F.cross_entropy, partition=partition, profile_batch=data[0],
-                            optimizer_factory=sgd)
+        pipeline = Pipeline(stages, F.cross_entropy, profile_batch=data[0],
+                            optimizer_factory=sgd, layout=Layout(partition=partition))
         assert torch.equal(torch.random.get_rng_state(), before), partition
         assert pipeline.placement.groups == (range(0, 2),)
         for inputs, targets in data:
@@ -81,7 +81,7 @@ def _seeded_rank_draws(rank, world_size):
     torch.set_num_threads(1)
     stages = [nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.ReLU()), nn.Linear(8, 8), nn.Linear(8, 3)]
     data = batches(1, dtype=torch.float32)
-    Pipeline(stages, F.cross_entropy, partition="auto", profile_batch=data[0], optimizer_factory=sgd)
+    Pipeline(stages, F.cross_entropy, profile_batch=data[0], optimizer_factory=sgd, layout=Layout(partition="auto"))
     return torch.rand(4).tolist()  # what a DataLoader(shuffle=True) or a dropout would draw next
 
 
@@ -123,8 +123,8 @@ def momentum(index, stage):
 
 
 def saved_float32_state():
-    pipeline = Pipeline(linear_stages(torch.float32), F.cross_entropy, weight_prediction=1.0,
-                        optimizer_factory=momentum)
+    pipeline = Pipeline(linear_stages(torch.float32), F.cross_entropy,
+                        optimizer_factory=momentum, remedies=Remedies(weight_prediction=1.0))
     for inputs, targets in batches(8, dtype=torch.float32):
         pipeline.step(inputs, targets)
     pipeline.drain()
@@ -135,8 +135,8 @@ def test_weight_prediction_state_is_cast_to_the_parameters():
     """A delta saved from float32 stages, loaded into float64 ones, becomes float64 (as the optimizer's momentum
     does), with the saved values."""
     state = saved_float32_state()
-    pipeline = Pipeline(linear_stages(torch.float64), F.cross_entropy, weight_prediction=1.0,
-                        optimizer_factory=momentum)
+    pipeline = Pipeline(linear_stages(torch.float64), F.cross_entropy,
+                        optimizer_factory=momentum, remedies=Remedies(weight_prediction=1.0))
     pipeline.load_state_dict(state)
     for index in (0, 1):
         worker, saved = pipeline.workers[index], state[index]["weight_prediction"]["delta"]
@@ -150,8 +150,8 @@ def test_weight_prediction_state_of_another_shape_raises_naming_the_stage():
     """A delta of another shape, or another count, than the stage's parameters is refused on loading, naming the
     stage."""
     state = saved_float32_state()
-    pipeline = Pipeline(linear_stages(torch.float32), F.cross_entropy, weight_prediction=1.0,
-                        optimizer_factory=momentum)
+    pipeline = Pipeline(linear_stages(torch.float32), F.cross_entropy,
+                        optimizer_factory=momentum, remedies=Remedies(weight_prediction=1.0))
     wrong_shape = copy.deepcopy(state)
     wrong_shape[1]["weight_prediction"]["delta"][0] = torch.zeros(8, 7)
     with pytest.raises(ValueError, match=r"stage 1: weight-prediction delta 0 has shape \[8, 7\], its parameter "

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from petra_hub.engine import Pipeline, StageMismatchError
+from petra_hub.engine import Layout, MemoryOptions, Pipeline, StageMismatchError
 from petra_hub.testing.models import random_images, small_model
 from petra_hub.testing.ranks import run_ranks
 
@@ -38,9 +38,8 @@ def train(mode, accumulation_steps, partition=None, model=None):
         mode=mode,
         accumulation_steps=accumulation_steps,
         optimizer_factory=sgd,
-        partition=partition,
-        timeout=30,
-    )
+
+        timeout=30, layout=Layout(partition=partition))
     losses = []
     for images, labels in micro_batches(model.config):
         losses += pipeline.step(images, labels)
@@ -157,7 +156,8 @@ def _data_parallel_training(rank, world_size):
         model = small_model("revnet18", dtype=torch.float32, seed=0)
         model.train()
         pipeline = Pipeline(model.get_stages(), lambda o, t: F.cross_entropy(o, t), mode="petra",
-                            accumulation_steps=2, optimizer_factory=sgd, data_parallel_size=2, timeout=30)
+                            accumulation_steps=2, optimizer_factory=sgd, timeout=30,
+                            layout=Layout(data_parallel_size=2))
         for images, labels in micro_batches(model.config, count=NUM_MICRO_BATCHES + shift)[shift:]:
             pipeline.step(images, labels)
         pipeline.drain()
@@ -210,15 +210,16 @@ def _replicas_partitioned(rank, world_size):
     stages = [_SlowOnReplica(0), torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), _SlowOnReplica(1),
               torch.nn.Linear(8, 3)]
     batch = (torch.randn(4, 8), torch.randint(0, 3, (4,)))
-    pipeline = Pipeline(stages, F.cross_entropy, data_parallel_size=2, partition="auto", profile_batch=batch,
-                        optimizer_factory=lambda i, s: torch.optim.SGD(s.parameters(), lr=0.1), timeout=20)
+    pipeline = Pipeline(stages, F.cross_entropy, profile_batch=batch,
+                        optimizer_factory=lambda i, s: torch.optim.SGD(s.parameters(), lr=0.1), timeout=20,
+                        layout=Layout(partition="auto", data_parallel_size=2))
     for _ in range(6):
         pipeline.step(*batch)
     pipeline.drain()
     trained = {index: [p.detach().clone() for p in stages[index].parameters()] for index in pipeline.local}
     # partitions given by hand that differ between replicas: refused at the start-up handshake on every rank
-    mismatched = Pipeline(stages, F.cross_entropy, data_parallel_size=2, partition=[1, 4] if rank < 2 else [2, 3],
-                          timeout=20)
+    mismatched = Pipeline(stages, F.cross_entropy, timeout=20,
+                          layout=Layout(partition=[1, 4] if rank < 2 else [2, 3], data_parallel_size=2))
     try:
         mismatched.step(*batch)
         refused = None
@@ -251,7 +252,8 @@ def test_data_parallel_replicas_share_one_automatic_partition(tmp_path):
 def _kept_on_rank_0_only(rank, world_size):
     torch.manual_seed(0)
     stages = [nn.Sequential(nn.Linear(4, 8), nn.Tanh()), nn.Sequential(nn.Linear(8, 8), nn.Tanh()), nn.Linear(8, 2)]
-    pipeline = Pipeline(stages, nn.functional.cross_entropy, keep_graphs=[0] if rank == 0 else None, timeout=20)
+    pipeline = Pipeline(stages, nn.functional.cross_entropy, timeout=20,
+                        memory=MemoryOptions(keep_graphs=[0] if rank == 0 else None))
     try:
         pipeline.step(torch.randn(4, 4), torch.tensor([0, 1, 0, 1]))
     except StageMismatchError as error:

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from petra_hub.analysis import profile_stages
-from petra_hub.engine import Mode, Pipeline, Schedule
+from petra_hub.engine import MemoryOptions, Mode, Pipeline, Schedule
 from petra_hub.engine.accounting import nbytes
 from petra_hub.engine.graph_budget import keepable_stages, kept_graph_bytes, recomputing_stages, stage_inputs
 from petra_hub.engine.tensors import as_tuple
@@ -34,7 +34,8 @@ def train(mode, keep_graphs=None, steps=24, **options):
     model = small_model("revnet18", seed=3)
     stages = model.get_stages()
     calls = forward_calls(stages)
-    pipeline = Pipeline(stages, F.cross_entropy, mode=mode, optimizer_factory=sgd, keep_graphs=keep_graphs, **options)
+    options.setdefault("memory", MemoryOptions(keep_graphs=keep_graphs))
+    pipeline = Pipeline(stages, F.cross_entropy, mode=mode, optimizer_factory=sgd, **options)
     for images, labels in batches_for(model.config, steps):
         pipeline.step(images, labels)
     pipeline.drain()
@@ -90,7 +91,7 @@ def test_a_stage_sends_back_no_input_to_a_reversible_stage_that_kept_its_graph()
     model = small_model("revnet18", seed=3)
     sample = batches_for(model.config, 1)[0]
     reconstructing = profile_stages(model.get_stages(), sample, repeats=1, warmup=0)
-    kept = profile_stages(model.get_stages(), sample, repeats=1, warmup=0, keep_graphs=[1])
+    kept = profile_stages(model.get_stages(), sample, repeats=1, warmup=0, memory=MemoryOptions(keep_graphs=[1]))
     assert reconstructing[2].backward_bytes == 2 * kept[2].backward_bytes > 0
     assert [c.backward_bytes for i, c in enumerate(reconstructing) if i != 2] == \
         [c.backward_bytes for i, c in enumerate(kept) if i != 2]
@@ -106,7 +107,8 @@ def test_under_petra_a_kept_stage_takes_the_gradient_of_its_forward_weights():
     batches = batches_for(model.config, 30)
     reference = copy.deepcopy(model.get_stages()[0])
     hook, weights, gradients = snapshots()
-    pipeline = Pipeline(model.get_stages(), F.cross_entropy, optimizer_factory=sgd, on_update=hook, keep_graphs=[0])
+    pipeline = Pipeline(model.get_stages(), F.cross_entropy, optimizer_factory=sgd, on_update=hook,
+                        memory=MemoryOptions(keep_graphs=[0]))
     stem, received = pipeline.workers[0], {}
     backward = stem.backward
 
@@ -155,7 +157,7 @@ def test_kept_graphs_hold_what_the_budget_counted():
     batches = batches_for(model.config, 20)
     images, labels = batches[0]
     held = {}
-    for name, options in [("none", {}), ("all", {"keep_graphs": ALL_BUT_HEAD})]:
+    for name, options in [("none", {}), ("all", {"memory": MemoryOptions(keep_graphs=ALL_BUT_HEAD)})]:
         pipeline = Pipeline(copy.deepcopy(model).get_stages(), F.cross_entropy, optimizer_factory=sgd, **options)
         held[name] = {}
         for step_images, step_labels in batches:
@@ -168,35 +170,35 @@ def test_kept_graphs_hold_what_the_budget_counted():
             assert held[name][index] == pytest.approx(bytes_counted, rel=0.02, abs=0), (name, index)
     totals = {name: sum(held[name].values()) for name in held}
     assert totals["all"] > totals["none"]
-    everything = Pipeline(copy.deepcopy(model).get_stages(), F.cross_entropy, memory_budget=totals["all"],
-                          profile_batch=(images, labels))
+    everything = Pipeline(copy.deepcopy(model).get_stages(), F.cross_entropy,
+                          profile_batch=(images, labels), memory=MemoryOptions(memory_budget=totals["all"]))
     assert everything.kept_graphs == set(ALL_BUT_HEAD)
-    assert Pipeline(copy.deepcopy(model).get_stages(), F.cross_entropy, memory_budget=totals["none"],
-                    profile_batch=(images, labels)).kept_graphs == set()
+    assert Pipeline(copy.deepcopy(model).get_stages(), F.cross_entropy, profile_batch=(images, labels),
+                    memory=MemoryOptions(memory_budget=totals["none"])).kept_graphs == set()
     between = (totals["none"] + totals["all"]) // 2
-    some = Pipeline(copy.deepcopy(model).get_stages(), F.cross_entropy, memory_budget=between,
-                    profile_batch=(images, labels)).kept_graphs
+    some = Pipeline(copy.deepcopy(model).get_stages(), F.cross_entropy,
+                    profile_batch=(images, labels), memory=MemoryOptions(memory_budget=between)).kept_graphs
     assert set() < some < set(ALL_BUT_HEAD)
 
 
 def test_bad_choices_are_refused_with_the_reason():
     stages = small_model("revnet18").get_stages()
     with pytest.raises(ValueError, match="stage 9 cannot keep its graph in mode 'petra'"):
-        Pipeline(stages, F.cross_entropy, keep_graphs=[0, 9])
+        Pipeline(stages, F.cross_entropy, memory=MemoryOptions(keep_graphs=[0, 9]))
     with pytest.raises(ValueError, match="stage 1 cannot keep its graph in mode 'backprop'"):
-        Pipeline(stages, F.cross_entropy, mode="backprop", keep_graphs=[1])
+        Pipeline(stages, F.cross_entropy, mode="backprop", memory=MemoryOptions(keep_graphs=[1]))
     with pytest.raises(ValueError, match="not both"):
-        Pipeline(stages, F.cross_entropy, keep_graphs=[0], memory_budget=10)
+        Pipeline(stages, F.cross_entropy, memory=MemoryOptions(keep_graphs=[0], memory_budget=10))
     with pytest.raises(ValueError, match="needs a sample micro-batch"):
-        Pipeline(stages, F.cross_entropy, memory_budget=10)
+        Pipeline(stages, F.cross_entropy, memory=MemoryOptions(memory_budget=10))
     with pytest.raises(ValueError, match=">= 0 bytes"):
-        Pipeline(stages, F.cross_entropy, memory_budget=-1, profile_batch=(None, None))
+        Pipeline(stages, F.cross_entropy, profile_batch=(None, None), memory=MemoryOptions(memory_budget=-1))
 
 
 # the stem, a downsampling stage, and reversible stages on both sides of the 5 | 5 split (stage 5 must not send
 # stage 4 its input back); or a budget every graph fits, which each rank works out for the other's stages
 KEPT_ACROSS_THE_SPLIT = [0, 1, 4, 7, 8]
-ROOMY = {"memory_budget": 2**30}
+ROOMY = {"memory": MemoryOptions(memory_budget=2**30)}
 
 
 def _kept_graph_run(rank, world_size, options):

@@ -9,7 +9,8 @@ from torch import nn
 from torch.func import functional_call
 
 from petra_hub.engine.batchnorm import batch_norms, frozen_running_stats
-from petra_hub.engine import Mode, Pipeline, Placement, Schedule, StageMismatchError, paper_sgd
+from petra_hub.engine import (Layout, MemoryOptions, Mode, Pipeline, Placement, Schedule, StageMismatchError,
+                              paper_sgd)
 from petra_hub.testing.models import random_images, small_model
 from petra_hub.testing.stage_contract import relative_error
 
@@ -303,7 +304,8 @@ def test_an_integer_mask_carried_along_the_stages_gets_the_backprop_gradient(mod
         for p in stage.parameters():
             got[(group[0], index_of[id(p)])] = p.grad.clone()
 
-    pipeline = Pipeline(list(net), cross_entropy, mode=mode, on_update=record, keep_graphs=keep_graphs)
+    pipeline = Pipeline(list(net), cross_entropy, mode=mode, on_update=record,
+                        memory=MemoryOptions(keep_graphs=keep_graphs))
     pipeline.probe()  # the fidelity probe's own backward through the stages, too
     for inputs, labels in batches:
         pipeline.step(inputs, labels)
@@ -345,7 +347,7 @@ def test_placement_and_bad_settings():
     with pytest.raises(ValueError, match="Unknown PETRA mode"):
         Pipeline(stages, cross_entropy, mode="pipedream")
     with pytest.raises(ValueError, match="covering all 10 stages"):
-        Pipeline(stages, cross_entropy, partition=[4, 4])
+        Pipeline(stages, cross_entropy, layout=Layout(partition=[4, 4]))
 
 
 def test_shape_mismatch_between_stages_names_both():

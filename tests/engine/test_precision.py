@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from petra_hub.engine import Pipeline, StageMismatchError
+from petra_hub.engine import Diagnostics, Layout, Pipeline, StageMismatchError
 from petra_hub.engine.messages import Part, decode, encode, message_bytes
 from petra_hub.engine.precision import Precision
 from petra_hub.engine.transport import ActivationSpec
@@ -31,7 +31,7 @@ def run(precision, count=12, lr=0.01, check_every=None, model=None, **kwargs):
     model = model or small_model("revnet18", dtype=torch.float32, seed=0).train()
     optimizer = (lambda i, stage: torch.optim.SGD(stage.parameters(), lr=lr)) if lr else None
     pipeline = Pipeline(model.get_stages(), cross_entropy, optimizer_factory=optimizer, precision=precision,
-                        check_reconstruction_every=check_every, timeout=30, **kwargs)
+                        timeout=30, diagnostics=Diagnostics(check_reconstruction_every=check_every), **kwargs)
     losses = []
     for images, labels in data(model.config, count):
         losses += pipeline.step(images, labels)
@@ -242,7 +242,7 @@ def _fp16_replicas(rank, world_size):
     model = small_model("revnet18", dtype=torch.float32, seed=0).train()
     pipeline = Pipeline(model.get_stages(), cross_entropy, precision=Precision.of("fp16", initial_scale=2.0**40),
                         optimizer_factory=lambda i, stage: torch.optim.SGD(stage.parameters(), lr=0.02),
-                        data_parallel_size=2, timeout=30)
+                        timeout=30, layout=Layout(data_parallel_size=2))
     generator = torch.Generator().manual_seed(rank)  # each replica its own data: their overflows differ
     images = random_images(model.config, batch=4, dtype=torch.float32, seed=10 + rank) * (1 + rank)
     labels = torch.randint(0, model.config.num_labels, (4,), generator=generator)

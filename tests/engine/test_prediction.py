@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from petra_hub.engine import Mode, Pipeline
+from petra_hub.engine import Mode, Pipeline, Remedies
 from petra_hub.testing.models import small_model
 from tests.engine.test_fidelity import batches_for, sgd, snapshots
 
@@ -23,7 +23,7 @@ def test_forwards_run_at_the_extrapolated_weights(mode, k):
     batches = batches_for(model.config, 40)
     hook, weights, _ = snapshots()
     pipeline = Pipeline(model.get_stages(), F.cross_entropy, mode=mode, accumulation_steps=k, optimizer_factory=sgd,
-                        on_update=hook, weight_prediction=H)
+                        on_update=hook, remedies=Remedies(weight_prediction=H))
     probed = 20
     for index, (images, labels) in enumerate(batches):
         if index == probed:
@@ -45,7 +45,8 @@ def test_forwards_run_at_the_extrapolated_weights(mode, k):
 def test_resuming_from_state_dict_continues_exactly():
     model = small_model("revnet18", seed=3)
     batches = batches_for(model.config, 24)
-    first = Pipeline(model.get_stages(), F.cross_entropy, optimizer_factory=sgd, weight_prediction=1.0)
+    first = Pipeline(model.get_stages(), F.cross_entropy, optimizer_factory=sgd,
+                     remedies=Remedies(weight_prediction=1.0))
     for images, labels in batches[:12]:
         first.step(images, labels)
     first.drain()
@@ -57,7 +58,8 @@ def test_resuming_from_state_dict_continues_exactly():
 
     def resumed(stage_states):
         twin = copy.deepcopy(saved)
-        pipeline = Pipeline(twin.get_stages(), F.cross_entropy, optimizer_factory=sgd, weight_prediction=1.0)
+        pipeline = Pipeline(twin.get_stages(), F.cross_entropy, optimizer_factory=sgd,
+                            remedies=Remedies(weight_prediction=1.0))
         pipeline.load_state_dict(stage_states)
         for images, labels in batches[12:]:
             pipeline.step(images, labels)
@@ -74,12 +76,13 @@ def test_resuming_from_state_dict_continues_exactly():
 
 def test_bad_setting():
     with pytest.raises(ValueError, match="weight_prediction must be >= 0"):
-        Pipeline(small_model().get_stages(), F.cross_entropy, weight_prediction=-1)
+        Pipeline(small_model().get_stages(), F.cross_entropy, remedies=Remedies(weight_prediction=-1))
 
 
 def _two_process_prediction(rank, world_size):
     model = small_model("revnet18", dtype=torch.float32, seed=3)
-    pipeline = Pipeline(model.get_stages(), F.cross_entropy, optimizer_factory=sgd, weight_prediction=0.5, timeout=60)
+    pipeline = Pipeline(model.get_stages(), F.cross_entropy, optimizer_factory=sgd, timeout=60,
+                        remedies=Remedies(weight_prediction=0.5))
     for images, labels in batches_for(model.config, 16, torch.float32):
         pipeline.step(images, labels)
     pipeline.drain()
@@ -102,7 +105,8 @@ def test_nothing_is_extrapolated_where_no_update_comes_before_the_backward():
     they run at the weights as they are; in steady state the forwards run at extrapolated weights."""
     model = small_model("revnet18", seed=3)
     batches = batches_for(model.config, 24)
-    pipeline = Pipeline(model.get_stages(), F.cross_entropy, optimizer_factory=sgd, weight_prediction=1.0)
+    pipeline = Pipeline(model.get_stages(), F.cross_entropy, optimizer_factory=sgd,
+                        remedies=Remedies(weight_prediction=1.0))
     for images, labels in batches[:20]:
         pipeline.step(images, labels)
     steady = pipeline.probe()

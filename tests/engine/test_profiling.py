@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from petra_hub.analysis import profile_stages, split_backward_shares
-from petra_hub.engine import Mode, Pipeline, Placement, StageCost
+from petra_hub.engine import Diagnostics, Layout, MemoryOptions, Mode, Pipeline, Placement, Remedies, StageCost
 from petra_hub.engine import partitioning
 from petra_hub.engine.graph_budget import kept_graphs
 from petra_hub.engine.partitioning import auto_partition
@@ -59,7 +59,7 @@ def test_a_stage_without_parameters_is_profiled_without_an_optimizer(factory):
     assert len(costs) == 3 and costs[1].parameter_bytes == 0 < costs[0].parameter_bytes
     if made:
         assert made[1] is None and all(group["lr"] == 0.0 for group in made[0].param_groups)
-    pipeline = Pipeline(stages, F.cross_entropy, partition="auto", profile_batch=batch, **options)
+    pipeline = Pipeline(stages, F.cross_entropy, profile_batch=batch, layout=Layout(partition="auto"), **options)
     assert [len(group) for group in pipeline.placement.groups] == [3]
 
 
@@ -196,16 +196,18 @@ def test_partition_auto_profiles_with_the_options_that_change_what_a_stage_costs
     factory = lambda i, s: torch.optim.SGD(s.parameters(), lr=0.1)  # noqa: E731
     compiling = {"backend": "eager"}
     batch = (torch.randn(4, 8), torch.randint(0, 3, (4,)))
-    Pipeline(_tanh_stages(4), F.cross_entropy, partition="auto", profile_batch=batch, keep_graphs=[0, 2],
-             accumulation_steps=4, weight_prediction=1.0, max_grad_norm=1.0, check_reconstruction_every=3,
+    Pipeline(_tanh_stages(4), F.cross_entropy, profile_batch=batch, accumulation_steps=4, max_grad_norm=1.0,
              compile_options=compiling, optimizer_factory=factory, precision="bf16", timeout=50,
-             on_update=lambda *_: None, scheduler_factory=lambda i, o: None)
-    assert seen["keep_graphs"] == [0, 2] and seen["memory_budget"] is None
-    assert seen["accumulation_steps"] == 4 and seen["weight_prediction"] == 1.0 and seen["max_grad_norm"] == 1.0
-    assert seen["check_reconstruction_every"] == 3 and seen["compile_options"] is compiling
+             on_update=lambda *_: None, scheduler_factory=lambda i, o: None,
+             layout=Layout(partition="auto", device="cpu"), memory=MemoryOptions(keep_graphs=[0, 2]),
+             remedies=Remedies(weight_prediction=1.0),
+             diagnostics=Diagnostics(trace=True, check_reconstruction_every=3))
+    assert seen["memory"] == MemoryOptions(keep_graphs=(0, 2))
+    assert seen["accumulation_steps"] == 4 and seen["remedies"] == Remedies(1.0) and seen["max_grad_norm"] == 1.0
+    assert seen["diagnostics"] == Diagnostics(check_reconstruction_every=3) and seen["compile_options"] is compiling
     assert seen["optimizer_factory"] is factory and seen["precision"].compute == torch.bfloat16
-    left_out = {"distributed", "group", "partition", "profile_batch", "data_parallel_size", "timeout", "trace",
-                "on_update", "scheduler_factory"}
+    assert seen["layout"] == Layout(device="cpu")  # where it runs; not the partition being chosen, nor replicas
+    left_out = {"distributed", "group", "profile_batch", "timeout", "on_update", "scheduler_factory"}
     assert not left_out & seen.keys()
 
 
@@ -214,14 +216,12 @@ def test_a_memory_budget_is_profiled_as_the_graphs_it_keeps_on_an_even_split(mon
     split (here the split 3 | 2 keeps two graphs, where one rank holding all five stages has room for one)."""
     seen = spying_on_profile_stages(monkeypatch)
     stages, batch = _tanh_stages(5), (torch.randn(4, 8), torch.randint(0, 3, (4,)))
-    budget = 4000
-    expected = kept_graphs(stages, Mode.PETRA, Placement.balanced(5, 2).groups, memory_budget=budget,
-                           sample_inputs=batch[0])
-    assert expected and expected != kept_graphs(stages, Mode.PETRA, [range(5)], memory_budget=budget,
-                                                sample_inputs=batch[0])
-    sizes = auto_partition(Pipeline, stages, F.cross_entropy, batch, 2, Mode.PETRA, memory_budget=budget)
+    budget = MemoryOptions(memory_budget=4000)
+    expected = kept_graphs(stages, Mode.PETRA, Placement.balanced(5, 2).groups, budget, sample_inputs=batch[0])
+    assert expected and expected != kept_graphs(stages, Mode.PETRA, [range(5)], budget, sample_inputs=batch[0])
+    sizes = auto_partition(Pipeline, stages, F.cross_entropy, batch, 2, Mode.PETRA, memory=budget)
     assert sum(sizes) == 5 and len(sizes) == 2
-    assert seen["keep_graphs"] == sorted(expected) and seen["memory_budget"] is None
+    assert seen["memory"] == MemoryOptions(keep_graphs=tuple(sorted(expected)))
 
 
 def test_the_partition_counts_an_update_once_every_k_micro_batches():
@@ -235,8 +235,9 @@ def test_the_partition_counts_an_update_once_every_k_micro_batches():
 def _auto_on_ranks(rank, world_size):
     model = small_model("revnet18", dtype=torch.float32, seed=2)
     images, labels = sample(model, dtype=torch.float32)
-    pipeline = Pipeline(model.get_stages(), F.cross_entropy, partition="auto", profile_batch=(images, labels),
-                        optimizer_factory=lambda i, s: torch.optim.SGD(s.parameters(), lr=0.1), timeout=60)
+    pipeline = Pipeline(model.get_stages(), F.cross_entropy, profile_batch=(images, labels),
+                        optimizer_factory=lambda i, s: torch.optim.SGD(s.parameters(), lr=0.1), timeout=60,
+                        layout=Layout(partition="auto"))
     for _ in range(6):
         pipeline.step(images, labels)
     pipeline.drain()
@@ -249,4 +250,4 @@ def test_partition_auto_agrees_across_processes_and_needs_a_batch(tmp_path):
     sizes = [r["value"] for r in outcome]
     assert sizes[0] == sizes[1] and sum(sizes[0]) == 10 and len(sizes[0]) == 2
     with pytest.raises(ValueError, match="partition='auto' needs profile_batch"):
-        Pipeline(small_model().get_stages(), F.cross_entropy, partition="auto")
+        Pipeline(small_model().get_stages(), F.cross_entropy, layout=Layout(partition="auto"))

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from petra_hub.engine import Pipeline, PipelineError
+from petra_hub.engine import Diagnostics, Pipeline, PipelineError
 from petra_hub.engine.trace import EXCHANGE, write_chrome_trace
 from petra_hub.testing.models import random_images, small_model
 from petra_hub.testing.ranks import run_ranks
@@ -16,8 +16,9 @@ MICRO_BATCHES = 6
 
 def traced_run(trace=True):
     model = small_model("revnet18", dtype=torch.float32).train()
-    pipeline = Pipeline(model.get_stages(), lambda out, labels: F.cross_entropy(out, labels), trace=trace,
-                        optimizer_factory=lambda i, stage: torch.optim.SGD(stage.parameters(), lr=0.01), timeout=30)
+    pipeline = Pipeline(model.get_stages(), lambda out, labels: F.cross_entropy(out, labels),
+                        optimizer_factory=lambda i, stage: torch.optim.SGD(stage.parameters(), lr=0.01), timeout=30,
+                        diagnostics=Diagnostics(trace=trace))
     images, labels = random_images(model.config, batch=4, dtype=torch.float32), torch.tensor([0, 1, 2, 3])
     for _ in range(MICRO_BATCHES):
         pipeline.step(images, labels)
@@ -89,8 +90,8 @@ def _traced_subgroup(rank, world_size, members):
     if rank not in members:
         return None  # not part of the pipeline: gone before the others gather
     torch.manual_seed(0)
-    pipeline = Pipeline([torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)], F.cross_entropy, group=group, trace=True,
-                        timeout=10)
+    pipeline = Pipeline([torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)], F.cross_entropy, group=group,
+                        timeout=10, diagnostics=Diagnostics(trace=True))
     batch = (torch.randn(3, 4), torch.randint(0, 2, (3,)))
     for _ in range(3):
         pipeline.step(*batch)

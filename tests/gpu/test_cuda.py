@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from petra_hub.engine import Pipeline
+from petra_hub.engine import Diagnostics, Layout, Pipeline
 from petra_hub.engine.batchnorm import frozen_running_stats
 from petra_hub.engine.precision import Precision
 from petra_hub.engine.tensors import as_tuple
@@ -108,7 +108,7 @@ def train(precision=None, *, count=30, lr=0.01, device=CUDA, dtype=torch.float32
         model.to(memory_format=torch.channels_last)
     optimizer = (lambda index, stage: torch.optim.SGD(stage.parameters(), lr=lr)) if lr else None
     pipeline = Pipeline(model.get_stages(), cross_entropy, optimizer_factory=optimizer, precision=precision,
-                        device=device, timeout=60, **options)
+                        timeout=60, layout=Layout(device=device), **options)
     images, labels = fixed_batch(model.config, device, dtype, channels_last=channels_last)
     losses = []
     for _ in range(count):
@@ -124,7 +124,7 @@ def test_one_device_petra_gives_the_backprop_gradient_at_frozen_weights(downsamp
     gradient, at every stage, is plain autograd's on the whole model, and running statistics count each once."""
     model = small_model("revnet18", downsampling=downsampling).to(CUDA).train()  # float64
     batches = [(images.to(CUDA), labels.to(CUDA)) for images, labels in micro_batches(model.config, 6)]
-    assert_frozen_weights_give_the_backprop_gradient(model, batches, "petra", device="cuda")
+    assert_frozen_weights_give_the_backprop_gradient(model, batches, "petra", layout=Layout(device="cuda"))
 
 
 def test_one_device_run_on_the_gpu_equals_the_cpu_run_in_float64():
@@ -161,7 +161,7 @@ def test_bf16_tracks_float32_on_the_gpu():
 def test_reconstruction_check_on_the_gpu():
     """The sampled check of rebuilt inputs: exact up to rounding at frozen weights, float32 and bf16 compute."""
     for precision in (None, "bf16"):
-        pipeline, _, _ = train(precision, count=6, lr=0, check_reconstruction_every=2)
+        pipeline, _, _ = train(precision, count=6, lr=0, diagnostics=Diagnostics(check_reconstruction_every=2))
         checked = [c for c in pipeline.counters().values() if c.reconstruction_checks]
         assert len(checked) == 5 and all(c.reconstruction_checks == 3 for c in checked)
         assert max(c.reconstruction_error for c in checked) < 1e-5, precision

@@ -304,3 +304,17 @@ def test_a_refused_field_set_after_the_arguments_were_built_is_refused_by_the_tr
     with pytest.raises(ValueError, match="save_only_model=True is not supported by PetraTrainer"):
         PetraTrainer(model=trainer.model, args=args, train_dataset=trainer.train_dataset,
                      data_collator=trainer.data_collator)
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"petra_weight_prediction": -1}, r"petra_weight_prediction must be >= 0 \(0: off\), got -1"),
+    ({"petra_check_reconstruction_every": -1}, r"petra_check_reconstruction_every must be a whole number >= 0"),
+    ({"petra_data_parallel": 0}, "petra_data_parallel must be a whole number >= 1, got 0"),
+    ({"petra_partition": "3,0"}, r"petra_partition must be .*each >= 1"),
+    ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps must be a whole number >= 1"),
+    ({"petra_timeout": 0}, "petra_timeout must be a positive number of seconds"),
+])
+def test_the_engines_checks_refuse_a_knob_under_the_arguments_field_name(settings, message, tmp_path):
+    """The engine's option objects check each knob once; the arguments build them when they are built."""
+    with pytest.raises(ValueError, match=message):
+        PetraTrainingArguments(output_dir=str(tmp_path), report_to="none", **settings)

@@ -12,6 +12,7 @@ from .stages import StageGroup, group_sizes, merge_stages, stage_layout
 from .accounting import MemoryStats, StageCounters
 from .modes import Mode
 from .optim import paper_sgd
+from .options import Diagnostics, Layout, MemoryOptions, OptionError, Remedies
 from .pipeline import Pipeline
 from .precision import Precision
 from .compilation import compile_stage
@@ -25,13 +26,18 @@ from .wire import (WireError, all_gather_json, broadcast_json, broadcast_tensors
                    recv_json, send_json)
 
 __all__ = [
+    "Diagnostics",
+    "Layout",
+    "MemoryOptions",
     "MemoryStats",
     "Mode",
+    "OptionError",
     "PeerFailureError",
     "Pipeline",
     "PipelineError",
     "Placement",
     "Precision",
+    "Remedies",
     "Schedule",
     "StageCost",
     "StageCounters",

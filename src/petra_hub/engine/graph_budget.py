@@ -27,6 +27,7 @@ from torch import nn
 from .accounting import graph_bytes, nbytes
 from .batchnorm import frozen_running_stats
 from .modes import Mode
+from .options import MemoryOptions
 from .randomness import preserved
 from .schedule import Schedule
 from .tensors import Activation, as_tuple
@@ -53,16 +54,14 @@ def kept_graphs(
     stages: list[nn.Module],
     mode: Mode,
     groups: Sequence[Sequence[int]],
-    keep_graphs: Sequence[int] | None = None,
-    memory_budget: int | None = None,
+    options: MemoryOptions,
     sample_inputs: Activation | None = None,
 ) -> set[int]:
-    """The stages, on every rank, that keep their graph: `keep_graphs` as given (checked), or those that fit
-    `memory_budget` bytes on each rank (`groups`: the stages of each rank), measured on `sample_inputs` (one
-    micro-batch of the pipeline's input)."""
+    """The stages, on every rank, that keep their graph: `options.keep_graphs` as given (checked against the
+    stages), or those that fit `options.memory_budget` bytes on each rank (`groups`: the stages of each rank),
+    measured on `sample_inputs` (one micro-batch of the pipeline's input)."""
     candidates = keepable_stages(stages, mode)
-    if keep_graphs is not None and memory_budget is not None:
-        raise ValueError("give keep_graphs or memory_budget, not both")
+    keep_graphs, memory_budget = options.keep_graphs, options.memory_budget
     if keep_graphs is not None:
         wrong = [index for index in keep_graphs if index not in candidates]
         if wrong:
@@ -72,8 +71,6 @@ def kept_graphs(
         return set(keep_graphs)
     if memory_budget is None:
         return set()
-    if memory_budget < 0:
-        raise ValueError(f"memory_budget must be >= 0 bytes, got {memory_budget}")
     if sample_inputs is None:
         raise ValueError("memory_budget needs a sample micro-batch (profile_batch) to measure the graphs on")
     if not candidates:

@@ -22,7 +22,7 @@ import itertools
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -32,6 +32,7 @@ from .accounting import graph_bytes, nbytes
 from .graph_budget import kept_graphs, stage_inputs
 from .messages import message_bytes
 from .modes import Mode
+from .options import Diagnostics, MemoryOptions
 from .placement import Placement
 from .randomness import preserved
 from .tensors import Activation, as_tuple, to_device
@@ -98,9 +99,10 @@ def measure_stages(
                         optimizer_factory, options)
 
 
-def _device(options: dict) -> torch.device | str | None:
-    """The device the pipeline `options` name."""
-    return options.get("device")
+def _device(options: dict) -> torch.device | None:
+    """The device the pipeline `options` name (their `Layout`'s)."""
+    layout = options.get("layout")
+    return layout.device if layout is not None else None
 
 
 @contextlib.contextmanager
@@ -124,7 +126,8 @@ def _measure(pipeline_class: type, stages: list[nn.Module], sample_batch: tuple[
              options: dict) -> Measurement:
     """`measure_stages`' measurement (the generators left to it)."""
     copies = [copy.deepcopy(stage) for stage in stages]
-    pipeline = pipeline_class(copies, loss_fn, mode=mode, distributed=False, trace=True,
+    diagnostics = replace(options.pop("diagnostics", None) or Diagnostics(), trace=True)
+    pipeline = pipeline_class(copies, loss_fn, mode=mode, distributed=False, diagnostics=diagnostics,
                               optimizer_factory=at_zero_learning_rate(optimizer_factory), **options)
     inputs, targets = sample_batch
     # untimed: as many micro-batches as fill a pipelined run (2J-1), in every mode, so that a fresh process has
@@ -234,9 +237,9 @@ def graphs_an_even_split_keeps(stages: list[nn.Module], mode: Mode | str, sample
     """`options` with a `memory_budget` replaced by the graphs it keeps on an even split of the stages over
     `num_ranks`: which graphs fit a rank's budget depends on the split that the profile is there to choose, so the
     profile measures those of the split the search starts from (the run keeps those of the split chosen)."""
-    if options.get("memory_budget") is None:
+    memory = options.get("memory")
+    if memory is None or memory.memory_budget is None:
         return options
     groups = Placement.balanced(len(stages), num_ranks).groups
-    kept = kept_graphs(stages, Mode.parse(mode), groups, options.get("keep_graphs"), options["memory_budget"],
-                       sample_inputs)
-    return options | {"keep_graphs": sorted(kept), "memory_budget": None}
+    kept = kept_graphs(stages, Mode.parse(mode), groups, memory, sample_inputs)
+    return options | {"memory": MemoryOptions(keep_graphs=tuple(sorted(kept)))}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -26,6 +26,8 @@ from .graph_budget import kept_graphs
 from .handshake import check_same_spec, handshake, input_spec_of
 from .inference import evaluating, forward_local
 from .modes import Mode
+from .options import (Diagnostics, Layout, MemoryOptions, Remedies, check_accumulation_steps, check_max_grad_norm,
+                      check_timeout)
 from .partitioning import auto_partition
 from .placement import Placement, pipeline_groups
 from .precision import Precision
@@ -42,11 +44,20 @@ OptimizerFactory = Callable[[int, nn.Module], torch.optim.Optimizer | None]
 SchedulerFactory = Callable[[int, torch.optim.Optimizer], Any]
 
 
+def _option(value, kind: type, name: str):
+    """`value`, an option object of class `kind` (None: its defaults)."""
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        raise TypeError(f"{name} must be a {kind.__name__} (or None: its defaults), got {type(value).__name__}")
+    return value
+
+
 class Pipeline(Readings):
     """Train a list of stages with PETRA (or one of the paper's baselines), one micro-batch per `step`.
 
     Args:
-        stages: all J stages, in order, on every rank (only this rank's group is run and moved to `device`).
+        stages: all J stages, in order, on every rank (only this rank's group is run and moved to the device).
             A stage is an `nn.Module`; with `reversible = True` it must also offer `inverse(y)` and
             `reconstruct_and_backward(y, grad_y) -> (x, grad_x)` (see `petra_hub.engine.stages`).
         loss_fn: `loss_fn(outputs_of_last_stage, targets) -> scalar`, averaged over the micro-batch.
@@ -59,25 +70,18 @@ class Pipeline(Readings):
             before the optimizer step.
         distributed: run over the default (or given) process group; defaults to "a group of size > 1 exists".
         group: the process group of the pipeline ranks (default: all ranks).
-        partition: number of stages per rank (contiguous); defaults to an even split. "auto": rank 0 measures the
-            stages on `profile_batch` = (inputs, targets) and picks the fastest split (`profiling`, `Placement.auto`).
-        data_parallel_size: D pipeline replicas over W = P x D ranks (replica d = ranks d*P .. d*P+P-1); each is
-            fed its own micro-batches and the D copies of a stage average their gradients before every update.
-        device: where this rank's stages and tensors live (default: where they are).
         timeout: seconds to wait for a neighbour before raising `PeerFailureError`.
         max_grad_norm: clip each stage's averaged gradient to this norm before its update (None or 0: off); each
             stage clips its own: stages update at different ticks, so there is no global norm.
         precision: a `Precision` or "bf16" / "fp16" (see `petra_hub.engine.precision`); default: stages' own dtype.
-        check_reconstruction_every: every this many micro-batches, each reconstructing stage measures the relative
-            error of the input it rebuilds against a copy of the one it received (`counters()`); None: off.
         compile_options: compile this rank's stages with `torch.compile(**compile_options)` (see `compilation`).
-        trace: record every operation with timestamps (`trace_events()`, see `trace`).
-        weight_prediction: h > 0 runs each forward at the stage's weights extrapolated along its last update over h
-            times the updates before the matching backward (see `prediction`); 0 (default): off.
-        keep_graphs / memory_budget: stages that keep their forward's graph instead of recomputing it in the
-            backward (a reversible one then skips its reconstruction; the gradient is that of the forward's
-            weights), given as indexes (any stage but the last), or the ones that fit `memory_budget` bytes of
-            activations per rank, measured on `profile_batch` (see `graph_budget`).
+        profile_batch: (inputs, targets), a micro-batch to measure the stages on, for `Layout(partition="auto")`
+            and `MemoryOptions(memory_budget=...)`.
+        layout: a `Layout`: the partition of the stages over the ranks, data-parallel replicas, the device.
+        remedies: a `Remedies`: what counters the delay of the gradients (weight prediction).
+        memory: a `MemoryOptions`: the stages that keep their forward's graph (`keep_graphs`, `memory_budget`).
+        diagnostics: a `Diagnostics`: tracing, sampled reconstruction checks.
+        (See `petra_hub.engine.options`; each defaults to its class's defaults: all off, an even split.)
 
     Every rank calls `step` with the same micro-batches in the same order (rank 0 uses the inputs, the rank of
     the last stage uses the targets), and `end_group` and `drain` at the same points. An exception inside an
@@ -97,61 +101,55 @@ class Pipeline(Readings):
         on_update: UpdateHook | None = None,
         distributed: bool | None = None,
         group: dist.ProcessGroup | None = None,
-        partition: list[int] | str | None = None,
-        profile_batch: tuple | None = None,
-        data_parallel_size: int = 1,
-        device: torch.device | str | None = None,
         timeout: float = 120.0,
         max_grad_norm: float | None = None,
         precision: Precision | str | None = None,
-        check_reconstruction_every: int | None = None,
         compile_options: dict[str, Any] | None = None,
-        trace: bool = False,
-        weight_prediction: float = 0.0,
-        keep_graphs: Sequence[int] | None = None,
-        memory_budget: int | None = None,
+        profile_batch: tuple | None = None,
+        layout: Layout | None = None,
+        remedies: Remedies | None = None,
+        memory: MemoryOptions | None = None,
+        diagnostics: Diagnostics | None = None,
     ):
         if not stages:
             raise ValueError("a pipeline needs at least one stage")
-        if accumulation_steps < 1:
-            raise ValueError(f"accumulation_steps (k) must be >= 1, got {accumulation_steps}")
-        if timeout <= 0:
-            raise ValueError(f"timeout must be positive, got {timeout}")
-        if max_grad_norm is not None and max_grad_norm < 0:
-            raise ValueError(f"max_grad_norm must be >= 0 (0 or None: no clipping), got {max_grad_norm}")
-        if weight_prediction < 0:
-            raise ValueError(f"weight_prediction must be >= 0 (0: off), got {weight_prediction}")
-        if check_reconstruction_every is not None and check_reconstruction_every < 1:
-            raise ValueError(f"check_reconstruction_every must be >= 1 or None, got {check_reconstruction_every}")
+        check_accumulation_steps(accumulation_steps)
+        check_timeout(timeout)
+        check_max_grad_norm(max_grad_norm)
+        self.layout = _option(layout, Layout, "layout")
+        self.remedies = _option(remedies, Remedies, "remedies")
+        self.memory_options = _option(memory, MemoryOptions, "memory")
+        self.diagnostics = _option(diagnostics, Diagnostics, "diagnostics")
         self.precision = precision if isinstance(precision, Precision) else Precision.of(precision)
         self.stages = list(stages)
         self.loss_fn = loss_fn
         self.mode = Mode.parse(mode)
         self.accumulation_steps = accumulation_steps
-        self.weight_prediction = weight_prediction
+        self.weight_prediction = self.remedies.weight_prediction
         self.schedule = Schedule(len(self.stages), self.mode.pipelined)
-        self.device = torch.device(device) if device is not None else None
+        self.device = self.layout.device
         self.timeout = timeout
         self._max_grad_norm = max_grad_norm or 0.0
 
         if distributed is None:
             distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
         self.distributed = distributed
-        self.data_parallel_size = data_parallel_size
+        self.data_parallel_size = data_parallel_size = self.layout.data_parallel_size
         # job_group: every rank of the run (this pipeline's, or with replicas all of theirs: the default group)
         self.group, self.job_group, self.replicas = pipeline_groups(group, data_parallel_size, distributed)
         group = self.group
         world = dist.get_world_size(group) if distributed else 1
         self.rank = dist.get_rank(group) if distributed else 0
+        partition = self.layout.partition
         if partition == "auto":  # one split for the whole run (every replica), measured with the options that change
             # what a stage costs (not the scheduler, which could move the profile's weights from learning rate 0, nor
-            # on_update, which would see its gradients)
+            # on_update, which would see its gradients; nor the tracing, which the profile does itself)
             partition = auto_partition(
                 Pipeline, self.stages, loss_fn, profile_batch, world, self.mode, self.job_group, distributed,
-                device=device, precision=self.precision, optimizer_factory=optimizer_factory,
-                accumulation_steps=accumulation_steps, max_grad_norm=max_grad_norm,
-                check_reconstruction_every=check_reconstruction_every, compile_options=compile_options,
-                weight_prediction=weight_prediction, keep_graphs=keep_graphs, memory_budget=memory_budget)
+                layout=Layout(device=self.device), precision=self.precision, optimizer_factory=optimizer_factory,
+                accumulation_steps=accumulation_steps, max_grad_norm=max_grad_norm, compile_options=compile_options,
+                remedies=self.remedies, memory=self.memory_options,
+                diagnostics=Diagnostics(check_reconstruction_every=self.diagnostics.check_reconstruction_every))
         self.placement = Placement.for_pipeline(partition, len(self.stages), world)
         self.local = self.placement.groups[self.rank]
         self._global_ranks: list[int] | None = None
@@ -161,8 +159,8 @@ class Pipeline(Readings):
         self.transport = NeighbourTransport(self._global_ranks, group, timeout, self.describe_rank,
                                             self.device or torch.device("cpu")) if distributed else None
 
-        self.trace = Trace(dist.get_rank() if distributed else 0) if trace else None
-        self.kept_graphs = kept_graphs(self.stages, self.mode, self.placement.groups, keep_graphs, memory_budget,
+        self.trace = Trace(dist.get_rank() if distributed else 0) if self.diagnostics.trace else None
+        self.kept_graphs = kept_graphs(self.stages, self.mode, self.placement.groups, self.memory_options,
                                        profile_batch[0] if profile_batch is not None else None)
         reconstructs = [self.mode.rebuilds_input(stage, index in self.kept_graphs)
                         for index, stage in enumerate(self.stages)]
@@ -193,9 +191,9 @@ class Pipeline(Readings):
                 reduce_gradients=reduce,
                 max_grad_norm=max_grad_norm,
                 precision=self.precision,
-                check_reconstruction_every=check_reconstruction_every,
+                remedies=self.remedies,
+                diagnostics=self.diagnostics,
                 trace=self.trace,
-                weight_prediction=weight_prediction,
                 keep_graph=index in self.kept_graphs,
                 waiting_messages=functools.partial(self.router.waiting, index),
             )

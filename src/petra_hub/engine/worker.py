@@ -15,6 +15,7 @@ from .fidelity import StageProbe
 from .accounting import MemoryStats, StageCounters, memory_of, recording_saved_tensors, relative_error
 from .modes import Mode
 from .optim import check_state_shapes, gradient_norm
+from .options import Diagnostics, Remedies
 from .pending import Pending, stashed_weights
 from .prediction import WeightPredictor
 from .precision import LOW_PRECISION, LossScale, Precision
@@ -38,7 +39,9 @@ class StageWorker:
     Precision: every evaluation of the stage runs under the policy's autocast, and what leaves the stage is cast
     to the stream dtype; with fp16, gradients are scaled by the stage's own loss scale (see `precision`).
 
-    Weight prediction (off by default): forwards run at the weights extrapolated to the backward (see `prediction`).
+    Remedies for the delay (`Remedies`, off by default): with weight prediction, forwards run at the weights
+    extrapolated to the backward (see `prediction`). `Diagnostics`: sampled reconstruction checks (the pipeline's
+    `trace` records the operations).
 
     Kept graphs (`keep_graph`, off by default): a stage that would recompute its forward in the backward (from its
     stored input, or from the input it rebuilds by inversion) keeps the forward's graph instead. In a pipelined mode
@@ -60,9 +63,9 @@ class StageWorker:
         reduce_gradients: Callable[[list[nn.Parameter]], None] | None = None,
         max_grad_norm: float | None = None,
         precision: Precision | None = None,
-        check_reconstruction_every: int | None = None,
+        remedies: Remedies | None = None,
+        diagnostics: Diagnostics | None = None,
         trace: Trace | None = None,
-        weight_prediction: float = 0.0,
         keep_graph: bool = False,
         waiting_messages: Callable[[], list[torch.Tensor]] = list,
     ):
@@ -84,14 +87,15 @@ class StageWorker:
         self.reduce_gradients = reduce_gradients
         self.max_grad_norm = max_grad_norm
         self.precision = precision or Precision()
-        self.check_every = check_reconstruction_every if self.reconstructs else None
+        remedies, diagnostics = remedies or Remedies(), diagnostics or Diagnostics()
+        self.check_every = diagnostics.check_reconstruction_every if self.reconstructs else None
         policy = self.precision
         self.loss_scale = LossScale(policy.initial_scale, policy.growth_interval) if policy.scales_loss else None
         named = [(name, p) for name, p in stage.named_parameters() if p.requires_grad]
         self.param_names, self.params = [name for name, _ in named], [p for _, p in named]
         self.units = units(stage) if self.reconstructs else [stage]
         self.counters = StageCounters()
-        self.predictor = WeightPredictor(0.0 if self.is_last or not mode.pipelined else weight_prediction)
+        self.predictor = WeightPredictor(0.0 if self.is_last or not mode.pipelined else remedies.weight_prediction)
         self.group: list[int] = []  # micro-batches whose gradients are accumulated and not yet applied
         self._pending: dict[int, Pending] = {}
         self.probes: dict[int, StageProbe] = {}  # probed micro-batches (see `fidelity`)

@@ -10,10 +10,24 @@ from functools import cached_property
 import torch
 from transformers import TrainingArguments
 
-from ..engine import Mode, Precision
+from ..engine import Diagnostics, Layout, MemoryOptions, Mode, Precision, Remedies
+from ..engine.options import check_accumulation_steps, check_max_grad_norm, check_timeout, fields_named
 from .distributed import init_distributed
-from .support import check_supported
+from .support_table import check_supported
 
+
+# the engine's name of a knob -> the field that sets it here (how the engine's checks name it in errors), with what
+# the field expects where it says it otherwise
+ENGINE_FIELDS = {
+    "accumulation_steps": "gradient_accumulation_steps",
+    "timeout": "petra_timeout",
+    "max_grad_norm": "max_grad_norm",
+    "partition": "petra_partition",
+    "data_parallel_size": "petra_data_parallel",
+    "weight_prediction": "petra_weight_prediction",
+    "memory_budget": "petra_memory_budget",
+    "check_reconstruction_every": ("petra_check_reconstruction_every", "a whole number >= 0 (0: off)"),
+}
 
 EFFECTIVE_BATCH_SIZE = "per_device_train_batch_size * gradient_accumulation_steps * petra_data_parallel"
 
@@ -130,23 +144,11 @@ class PetraTrainingArguments(TrainingArguments):
     def __post_init__(self):
         Mode.parse(self.petra_mode)
         self.check_run_length()
-        if self.gradient_accumulation_steps < 1:
-            raise ValueError(f"gradient_accumulation_steps (k) must be >= 1, got {self.gradient_accumulation_steps}")
-        if self.petra_timeout <= 0:
-            raise ValueError(f"petra_timeout must be positive, got {self.petra_timeout}")
-        if self.petra_data_parallel < 1:
-            raise ValueError(f"petra_data_parallel must be >= 1, got {self.petra_data_parallel}")
         if self.petra_num_stages is not None and self.petra_num_stages < 1:
             raise ValueError(f"petra_num_stages must be >= 1, got {self.petra_num_stages}")
-        self.partition_sizes()  # validates the format
         self.stage_groups(None)  # validates the format
         self.precision()
-        if self.petra_check_reconstruction_every < 0:
-            raise ValueError(
-                f"petra_check_reconstruction_every must be >= 0 (0: off), got {self.petra_check_reconstruction_every}"
-            )
-        if self.petra_weight_prediction < 0:
-            raise ValueError(f"petra_weight_prediction must be >= 0 (0: off), got {self.petra_weight_prediction}")
+        self.check_engine_options()
         if self.petra_delay_lr_warmup < 0:
             raise ValueError(f"petra_delay_lr_warmup must be >= 0 (0: off), got {self.petra_delay_lr_warmup}")
         if self.petra_gradient_fidelity_steps < 0:
@@ -154,7 +156,6 @@ class PetraTrainingArguments(TrainingArguments):
                 f"petra_gradient_fidelity_steps must be >= 0 (0: off), got {self.petra_gradient_fidelity_steps}"
             )
         self.milestones()
-        self.memory_budget_bytes()  # validates the format
         if self.optim_args and any(pair.count("=") != 1 for pair in self.optim_args.replace(" ", "").split(",")):
             raise ValueError(f"optim_args={self.optim_args!r}: expected comma-separated key=value pairs (e.g. "
                              "'momentum=0.9,nesterov=True'), or empty for the optimizer's defaults")
@@ -162,6 +163,36 @@ class PetraTrainingArguments(TrainingArguments):
         if not torch.cuda.is_available():
             self.use_cpu = True
         super().__post_init__()
+
+    def check_engine_options(self) -> None:
+        """Build what the engine takes from these arguments, so that its own checks (`petra_hub.engine.options`)
+        refuse a wrong value before anything runs, under the field's name here."""
+        with fields_named(ENGINE_FIELDS):
+            check_accumulation_steps(self.gradient_accumulation_steps)
+            check_timeout(self.petra_timeout)
+            check_max_grad_norm(self.max_grad_norm)
+            self.layout()
+            self.remedies()
+            self.memory()
+            self.diagnostics()
+
+    def layout(self, device: torch.device | None = None, training: bool = True) -> Layout:
+        """Where the stages run: petra_partition (without "auto" for inference alone, which has nothing to
+        measure), petra_data_parallel, and `device`."""
+        partition = self.partition_sizes() if training or self.petra_partition != "auto" else None
+        return Layout(partition=partition, data_parallel_size=self.petra_data_parallel, device=device)
+
+    def remedies(self) -> Remedies:
+        """The remedies for the gradients' delay the engine applies (petra_weight_prediction)."""
+        return Remedies(weight_prediction=self.petra_weight_prediction)
+
+    def memory(self, training: bool = True) -> MemoryOptions:
+        """The stages that keep their graph: those that fit petra_memory_budget (training only)."""
+        return MemoryOptions(memory_budget=self.memory_budget_bytes() if training else None)
+
+    def diagnostics(self) -> Diagnostics:
+        """What the engine records beside training (petra_check_reconstruction_every; 0: off)."""
+        return Diagnostics(check_reconstruction_every=self.petra_check_reconstruction_every or None)
 
     def check_run_length(self) -> None:
         """Refuse a run of no steps before anything runs (it would train nothing, then evaluate and save the

@@ -141,17 +141,15 @@ class PetraTrainer(Trainer):
             accumulation_steps=args.gradient_accumulation_steps if training else 1,
             optimizer_factory=optimizer_factory(self) if training else None,
             scheduler_factory=schedules,
-            partition=args.partition_sizes() if training or args.petra_partition != "auto" else None,
-            profile_batch=self._profile_batch if training else None,
-            data_parallel_size=args.petra_data_parallel,
-            device=args.device,
             timeout=args.petra_timeout,
             max_grad_norm=args.max_grad_norm or None,
             precision=args.precision(),
-            check_reconstruction_every=args.petra_check_reconstruction_every or None,
             compile_options=args.compile_options(),
-            weight_prediction=args.petra_weight_prediction,
-            memory_budget=args.memory_budget_bytes() if training else None,
+            profile_batch=self._profile_batch if training else None,
+            layout=args.layout(args.device, training),
+            remedies=args.remedies(),
+            memory=args.memory(training),
+            diagnostics=args.diagnostics(),
         )
 
     def get_decay_parameter_names(self, model) -> list[str]:
