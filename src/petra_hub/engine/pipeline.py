@@ -227,7 +227,7 @@ class Pipeline(Readings):
 
         Returns the (micro_batch, loss) pairs that the last stage finished on this rank during these ticks.
         """
-        with self._guard(inputs):
+        with self._guard_and_handshake(inputs):
             return self._step(inputs, targets)
 
     def _step(self, inputs: Activation, targets: Any) -> list[tuple[int, torch.Tensor]]:
@@ -264,7 +264,7 @@ class Pipeline(Readings):
 
     def drain(self) -> list[tuple[int, torch.Tensor]]:
         """Run ticks until every micro-batch fed has been backpropagated at every stage; apply partial groups."""
-        with self._guard():
+        with self._guard_and_handshake():
             return self._drain()
 
     def _drain(self) -> list[tuple[int, torch.Tensor]]:
@@ -289,7 +289,7 @@ class Pipeline(Readings):
     def infer(self, inputs: Activation) -> Any:
         """Forward one batch through all stages in eval mode (running statistics), without touching training
         state. Every rank passes the same `inputs`; the rank of the last stage gets the outputs, others None."""
-        with self._guard(inputs), evaluating([self.stages[index] for index in self.local]):
+        with self._guard_and_handshake(inputs), evaluating([self.stages[index] for index in self.local]):
             batch = as_tuple(inputs)[0].shape[0]
             if self.local.start == 0:
                 value = to_device(inputs, self.device)
@@ -305,7 +305,7 @@ class Pipeline(Readings):
         """Copy every stage's trained parameters and buffers onto the stage modules of pipeline rank `dst` (in
         every replica; replicas are identical), for saving; with `dst=None`, onto every rank (so that each rank
         holds the whole trained model). The ranks first confirm to each other that they all gather here."""
-        with self._guard():
+        with self._guard_and_handshake():
             if self.distributed:
                 self.router.agree(self._moment(GATHER, extra=-1 if dst is None else dst))
                 gather_stages(self.stages, self.local, self.rank, dst, self.group, self._global_ranks,
@@ -341,7 +341,7 @@ class Pipeline(Readings):
         """For each probed micro-batch whose backward has reached stage 0: every stage's gradient against the
         end-to-end gradient and the stashed-weight delayed gradient (see `fidelity`), for all stages, on every rank.
         Training state is untouched. A collective when a probe is ready: every rank calls it at the same points."""
-        with self._guard():
+        with self._guard_and_handshake():
             start_tick, first = self._origin
             ready = [m for m, batch in self._probes.items() if batch is not None and (
                 m < first or self.tick > start_tick + self.schedule.backward_tick(m - first, 0))]
@@ -375,7 +375,7 @@ class Pipeline(Readings):
         return Moment(kind, self.tick, self.tick - start_tick, self.fed - first, first, self._fed_in_group, extra)
 
     @contextlib.contextmanager
-    def _guard(self, inputs: Activation | None = None) -> Iterator[None]:
+    def _guard_and_handshake(self, inputs: Activation | None = None) -> Iterator[None]:
         """Check `inputs` (a ValueError changes nothing), run the start-up handshake on the first ones, then the
         block; any exception from the handshake on marks the pipeline broken."""
         self._breaker.check()

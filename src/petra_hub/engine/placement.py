@@ -86,12 +86,6 @@ class Placement:
     def num_stages(self) -> int:
         return self.groups[-1].stop
 
-    def rank_of(self, stage: int) -> int:
-        for rank, group in enumerate(self.groups):
-            if stage in group:
-                return rank
-        raise IndexError(f"stage {stage} is outside a pipeline of {self.num_stages} stages")
-
     def describe(self, rank: int, global_ranks: list[int] | None = None) -> str:
         """How errors name pipeline rank `rank`: by its global rank (`global_ranks[rank]`, what the launcher and the
         logs call it) where that differs, as in a data-parallel replica or a subgroup."""

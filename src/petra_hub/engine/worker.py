@@ -308,13 +308,11 @@ class StageWorker:
         }
 
     def memory(self) -> MemoryStats:
+        """What `held` holds now, by kind; `peak_bytes`: the largest total after any forward or backward, or now.
+        Reading it changes nothing."""
         stats = memory_of(self.held())
-        self._peak = max(self._peak, stats.total_bytes)
-        stats.peak_bytes = self._peak
+        stats.peak_bytes = max(self._peak, stats.total_bytes)
         return stats
-
-    def reset_peak(self) -> None:
-        self._peak = 0
 
     # -- helpers ----------------------------------------------------------------------------------------------------
     def _take(self, micro_batch: int) -> Pending:
@@ -379,7 +377,7 @@ class StageWorker:
         return like(leaves, tuple(t.grad if t.grad is not None else torch.zeros_like(t) for t in as_tuple(leaves)))
 
     def _track_peak(self) -> None:
-        self.memory()
+        self._peak = max(self._peak, memory_of(self.held()).total_bytes)
 
 
 def run_stage(worker: StageWorker, router, forward: int | None, backward: int | None, targets: dict, loss_fn,
