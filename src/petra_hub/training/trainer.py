@@ -57,7 +57,7 @@ class PetraTrainer(Trainer):
         if not isinstance(args, PetraTrainingArguments):
             raise TypeError(f"PetraTrainer needs PetraTrainingArguments, got {type(args).__name__}")
         super().__init__(model, args, *positional, **kwargs)
-        check_supported(self.args)  # again below: a field set after the arguments were built (args.x = ...)
+        check_supported(self.args)  # and at each entry below: a field may be set after the arguments were built
         check_trainable(self.model)
         check_plug_ins(self)
         self.stages = self._make_stages()
@@ -400,8 +400,11 @@ class PetraTrainer(Trainer):
         if isinstance(dataset, dict):
             metrics = {}
             for name, subset in dataset.items():
-                metrics.update(self.evaluate(subset, ignore_keys, f"{metric_key_prefix}_{name}"))
+                metrics.update(self._evaluate_set(subset, f"{metric_key_prefix}_{name}"))
             return metrics
+        return self._evaluate_set(dataset, metric_key_prefix)
+
+    def _evaluate_set(self, dataset, metric_key_prefix: str) -> dict[str, float]:
         result = self._infer(self.get_eval_dataloader(dataset), metric_key_prefix, keep_outputs=False)
         record_evaluation(self, dataset, result.metrics)  # the card's: the first set of a dict
         self.log(result.metrics)
