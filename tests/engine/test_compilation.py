@@ -79,7 +79,7 @@ def _train_compiled(**options):
 
 def test_no_stage_falls_back_to_eager_at_the_recompile_limit():
     """All blocks' F share one code object: with one shared cache, 4 widths x (forward, fused backward) x batch-norm
-    settings exceed dynamo's limit of 8 and the rest silently runs eagerly (the issue behind compile_stage's
+    settings exceed dynamo's limit of 8 and the rest silently runs eagerly (the reason for compile_stage's
     isolate_recompiles default); the handshake's dry run compiles nothing."""
     assert _train_compiled(isolate_recompiles=False, recompile_limit=2)  # the failure is real and detected
     assert _train_compiled(recompile_limit=2) == []

@@ -65,7 +65,7 @@ def test_shared_nested_labels_are_refused_before_numpy_expands_them(tmp_path):
     with peak_bytes() as mem, pytest.raises(ValueError, match=r"test_batch.*'labels'.*flat list"):
         load_image_dataset("cifar10", "test", data_dir=data_dir)
     assert mem["peak"] < 4 * MB, mem
-    # the file: a few hundred bytes of labels that np.asarray expands to 28 GB
+    # a hostile file: a few hundred bytes of labels that np.asarray expands to 28 GB
     bomb = py2_pickle({"data": np.zeros((1, 3072), np.uint8), "labels": _nested(9, 10)})
     assert len(bomb) < 3072 + 600
     write_file(os.path.join(data_dir, "cifar-10-batches-py", "test_batch"), bomb)

@@ -74,7 +74,7 @@ def test_entries_are_well_formed():
 
 @pytest.mark.parametrize(
     "name",
-    # The list of fields that used to change nothing: each is now honoured or refused.
+    # Fields that once changed nothing: each is now honoured or refused.
     ["max_grad_norm", "bf16", "fp16", "torch_compile", "label_smoothing_factor", "eval_on_start",
      "load_best_model_at_end", "hub_strategy", "do_train"],
 )  # fmt: skip
