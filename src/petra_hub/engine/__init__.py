@@ -21,7 +21,7 @@ from .placement import Placement, replica_of
 from .collectives import disagreements
 from .partitioning import StageCost
 from .schedule import Schedule
-from .worker import StageWorker
+from .worker import StageUpdate, StageWorker
 from .wire import (WireError, all_gather_json, broadcast_json, broadcast_tensors, collective_device, gather_tensors,
                    recv_json, send_json)
 
@@ -44,6 +44,7 @@ __all__ = [
     "StageFidelity",
     "StageMismatchError",
     "StageGroup",
+    "StageUpdate",
     "StageWorker",
     "WireError",
     "all_gather_json",

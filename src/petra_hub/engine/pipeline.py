@@ -38,7 +38,7 @@ from .schedule import Schedule
 from .tensors import Activation, as_tuple, to_device
 from .trace import EXCHANGE, Trace
 from .transport import ActivationSpec, NeighbourTransport
-from .worker import StageWorker, UpdateHook, run_stage
+from .worker import StageUpdate, StageWorker, UpdateHook, run_stage
 
 OptimizerFactory = Callable[[int, nn.Module], torch.optim.Optimizer | None]
 SchedulerFactory = Callable[[int, torch.optim.Optimizer], Any]
@@ -184,12 +184,7 @@ class Pipeline(Readings):
                 stage,
                 mode=self.mode,
                 num_stages=len(self.stages),
-                accumulation_steps=accumulation_steps,
-                optimizer=optimizer,
-                scheduler=scheduler,
-                on_update=on_update,
-                reduce_gradients=reduce,
-                max_grad_norm=max_grad_norm,
+                update=StageUpdate(accumulation_steps, optimizer, scheduler, reduce, max_grad_norm, on_update),
                 precision=self.precision,
                 remedies=self.remedies,
                 diagnostics=self.diagnostics,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
@@ -24,6 +25,20 @@ from .tensors import Activation, as_tuple, backpropagate, detached, like
 from .trace import Trace, timed
 
 UpdateHook = Callable[[int, list[int], nn.Module], None]
+
+
+@dataclass
+class StageUpdate:
+    """How a stage turns the gradients of `accumulation_steps` micro-batches into one update: averaged over the
+    data-parallel replicas (`reduce_gradients`), clipped to `max_grad_norm`, reported to `on_update`, then applied by
+    `optimizer` and `scheduler` (none: the gradients are left to the caller)."""
+
+    accumulation_steps: int = 1
+    optimizer: torch.optim.Optimizer | None = None
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+    reduce_gradients: Callable[[list[nn.Parameter]], None] | None = None
+    max_grad_norm: float | None = None
+    on_update: UpdateHook | None = None
 
 
 class StageWorker:
@@ -56,12 +71,7 @@ class StageWorker:
         *,
         mode: Mode,
         num_stages: int,
-        accumulation_steps: int = 1,
-        optimizer: torch.optim.Optimizer | None = None,
-        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-        on_update: UpdateHook | None = None,
-        reduce_gradients: Callable[[list[nn.Parameter]], None] | None = None,
-        max_grad_norm: float | None = None,
+        update: StageUpdate | None = None,
         precision: Precision | None = None,
         remedies: Remedies | None = None,
         diagnostics: Diagnostics | None = None,
@@ -80,12 +90,13 @@ class StageWorker:
         self.reconstructs = mode.rebuilds_input(stage, self.keeps_graph)
         if self.reconstructs and not (hasattr(stage, "inverse") and hasattr(stage, "reconstruct_and_backward")):
             raise ValueError(f"stage {index} is marked reversible but lacks inverse / reconstruct_and_backward")
-        self.accumulation_steps = accumulation_steps
-        self.optimizer = optimizer
-        self.scheduler = scheduler
-        self.on_update = on_update
-        self.reduce_gradients = reduce_gradients
-        self.max_grad_norm = max_grad_norm
+        update = update or StageUpdate()
+        self.accumulation_steps = update.accumulation_steps
+        self.optimizer = update.optimizer
+        self.scheduler = update.scheduler
+        self.on_update = update.on_update
+        self.reduce_gradients = update.reduce_gradients
+        self.max_grad_norm = update.max_grad_norm
         self.precision = precision or Precision()
         remedies, diagnostics = remedies or Remedies(), diagnostics or Diagnostics()
         self.check_every = diagnostics.check_reconstruction_every if self.reconstructs else None
