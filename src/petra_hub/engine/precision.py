@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .options import OptionError
 from .tensors import Activation, as_tuple, like
 
 DTYPE_NAMES = {
@@ -53,7 +54,7 @@ def parse_dtype(value: torch.dtype | str | None, what: str) -> torch.dtype | Non
     if value is None or isinstance(value, torch.dtype):
         return value
     if value not in DTYPE_NAMES:
-        raise ValueError(f"{what} must be one of {sorted(DTYPE_NAMES)} (or a torch.dtype), got {value!r}")
+        raise OptionError(what, f"one of {sorted(DTYPE_NAMES)} (or a torch.dtype)", value)
     return DTYPE_NAMES[value]
 
 
@@ -74,11 +75,11 @@ class Precision:
 
     def __post_init__(self):
         if self.compute not in (None, *LOW_PRECISION):
-            raise ValueError(f"compute must be bf16, fp16 or None (autocast off), got {self.compute}")
+            raise OptionError("compute", "bf16, fp16 or None (autocast off)", self.compute)
         if self.streams not in (None, torch.float32, torch.bfloat16):
-            raise ValueError(f"streams must be fp32 or bf16, got {self.streams}")
+            raise OptionError("streams", "fp32 or bf16", self.streams)
         if self.messages not in (None, torch.float32, *LOW_PRECISION):
-            raise ValueError(f"messages must be fp32, bf16 or fp16, got {self.messages}")
+            raise OptionError("messages", "fp32, bf16 or fp16", self.messages)
         if self.initial_scale <= 0 or self.growth_interval < 1:
             raise ValueError("initial_scale must be > 0 and growth_interval >= 1")
 

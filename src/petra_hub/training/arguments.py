@@ -16,6 +16,8 @@ from .distributed import init_distributed
 from .support_table import check_supported
 
 
+PRECISION_FIELDS = {"streams": ("petra_streams", "'fp32' or 'bf16'"),
+                    "messages": ("petra_message_dtype", "'bf16', 'fp16' or None (float32)")}
 # the engine's name of a knob -> the field that sets it here (how the engine's checks name it in errors), with what
 # the field expects where it says it otherwise
 ENGINE_FIELDS = {
@@ -267,19 +269,17 @@ class PetraTrainingArguments(TrainingArguments):
     def precision(self) -> Precision:
         """The engine's precision policy from bf16 / fp16 (or, as for transformers' Trainer, `accelerate launch
         --mixed_precision`), petra_streams and petra_message_dtype."""
-        if self.petra_streams not in ("fp32", "bf16"):
-            raise ValueError(f"petra_streams must be 'fp32' or 'bf16', got {self.petra_streams!r}")
         launched = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
         if launched not in ("no", "bf16", "fp16"):
             raise ValueError(f"accelerate's mixed_precision={launched!r} is not supported by PetraTrainer: use "
                              "'bf16', 'fp16' or 'no' (ACCELERATE_MIXED_PRECISION, set by accelerate launch)")
         compute = "bf16" if self.bf16 else "fp16" if self.fp16 else None if launched == "no" else launched
-        if compute is None and self.petra_streams != "fp32":
-            raise ValueError("petra_streams='bf16' needs bf16=True or fp16=True (stages without autocast compute in "
-                             "their parameters' float32 and cannot take bf16 streams)")
-        if self.petra_message_dtype not in (None, "bf16", "fp16"):
-            raise ValueError(f"petra_message_dtype must be 'bf16', 'fp16' or None, got {self.petra_message_dtype!r}")
-        return Precision.of(compute, streams=self.petra_streams if compute else None, messages=self.petra_message_dtype)
+        with fields_named(PRECISION_FIELDS):  # the engine's checks, under this class's names
+            streams = Precision.of("bf16", streams=self.petra_streams).streams
+            if compute is None and streams != torch.float32:
+                raise ValueError(f"petra_streams={self.petra_streams!r} needs bf16=True or fp16=True (stages without "
+                                 "autocast compute in their parameters' float32 and cannot take bf16 streams)")
+            return Precision.of(compute, streams=streams if compute else None, messages=self.petra_message_dtype)
 
     def compile_options(self) -> dict | None:
         """torch.compile options for the stages (torch_compile, torch_compile_backend, torch_compile_mode)."""
