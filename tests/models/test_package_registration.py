@@ -2,21 +2,11 @@
 through `AutoModelForImageClassification` with petra_hub's own classes, without `trust_remote_code`."""
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 
-import pytest
-
-SAVE = textwrap.dedent(
-    """
-    import sys
-    import torch
-    from petra_hub.testing.models import small_model, small_revvit
-    small_model(dtype=torch.float32).save_pretrained(sys.argv[1])
-    small_revvit(dtype=torch.float32).save_pretrained(sys.argv[2])
-    """
-)
 
 LOAD = textwrap.dedent(
     """
@@ -39,16 +29,20 @@ def _run(script, *arguments):
     return result.stdout
 
 
-@pytest.mark.parametrize("keep_code_files", [True, False], ids=["with_auto_map_code", "without_code_files"])
-def test_importing_the_package_registers_the_auto_classes(tmp_path, keep_code_files):
-    revnet, revvit = tmp_path / "revnet", tmp_path / "revvit"
-    _run(SAVE, revnet, revvit)
-    if not keep_code_files:
-        for folder in (revnet, revvit):
-            for code in folder.glob("*.py"):
-                code.unlink()
-    lines = _run(LOAD, revnet, revvit).strip().splitlines()
-    assert [line.split()[1] for line in lines] == ["RevNetForImageClassification", "RevViTForImageClassification"]
+def test_importing_the_package_registers_the_auto_classes(tmp_path):
+    import torch
+
+    from petra_hub.testing.models import small_model, small_revvit
+
+    folders = []
+    for name, model in (("revnet", small_model(dtype=torch.float32)), ("revvit", small_revvit(dtype=torch.float32))):
+        with_code, without_code = tmp_path / name, tmp_path / f"{name}-without-code"
+        model.save_pretrained(with_code)  # auto_map and the code files: the folder could also run as remote code
+        shutil.copytree(with_code, without_code, ignore=shutil.ignore_patterns("*.py"))
+        folders += [with_code, without_code]
+    lines = _run(LOAD, *folders).strip().splitlines()
+    assert [line.split()[1] for line in lines] == ["RevNetForImageClassification"] * 2 + [
+        "RevViTForImageClassification"] * 2
     for line in lines:
         model_module, _, config_module = line.split()
         # petra_hub's installed classes, not the folder's copy of the code run as remote code

@@ -67,7 +67,7 @@ class ModelFamily:
     its `get_stages()` returns the pipeline stages), `description` (the model card's words for the architecture,
     completing "built on <name>, ...").
 
-    Optional, each refused by name where it is needed and missing:
+    Optional (a default describes no other family; where there is none, what needs the fact refuses by name):
     - `presets`: named configurations (keyword arguments of `config_class`), for the recipe's `--model` and cards;
       `canonical_preset` maps a spelling to a preset name (default: the exact name).
     - `shape_config(preset, flags, data) -> config`: a new configuration of `preset` for the recipe's data
