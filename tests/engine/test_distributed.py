@@ -38,8 +38,9 @@ def train(mode, accumulation_steps, partition=None, model=None):
         mode=mode,
         accumulation_steps=accumulation_steps,
         optimizer_factory=sgd,
-
-        timeout=30, layout=Layout(partition=partition))
+        timeout=30,
+        layout=Layout(partition=partition),
+    )
     losses = []
     for images, labels in micro_batches(model.config):
         losses += pipeline.step(images, labels)
