@@ -28,6 +28,15 @@ class TestRevViTStages(ReversibleStageContract):
         return reversible_stage_cases(model.get_stages(), images())
 
 
+class TestRevViTStagesWithLayerScale(ReversibleStageContract):
+    """The gains are parameters of the block itself: the fused backward must give them autograd's gradient too."""
+
+    @pytest.fixture
+    def stage_cases(self):
+        model = small_revvit(layer_scale_init_value=0.5).train()
+        return reversible_stage_cases(model.get_stages(), images())
+
+
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_stages_in_order_are_the_model_and_the_layout(preset):
     model = small_revvit(preset).eval()
@@ -195,3 +204,27 @@ def test_the_petra_trainer_trains_a_revvit(tmp_path, mode, drop):
     bad = PetraTrainer(model=model, args=args, train_dataset=gray, data_collator=collate_image_batch)
     with pytest.raises(ValueError, match="1 channels but the model expects config.num_channels=3"):
         bad.train()
+
+
+def test_layer_scale_is_off_by_default_and_when_on_starts_each_branch_at_its_gain():
+    """LayerScale adds two gains per block and changes nothing else: the other weights are drawn as without it."""
+    import torch
+
+    from petra_hub.models import RevViTConfig, RevViTForImageClassification
+
+    base = dict(image_size=16, patch_size=4, hidden_size=24, num_hidden_layers=2, num_attention_heads=2, num_labels=3)
+    torch.manual_seed(0)
+    plain = RevViTForImageClassification(RevViTConfig(**base))
+    torch.manual_seed(0)
+    scaled = RevViTForImageClassification(RevViTConfig(**base, layer_scale_init_value=1e-3))
+    extra = set(scaled.state_dict()) - set(plain.state_dict())
+    assert extra == {f"revvit.encoder.{i}.{name}" for i in range(2) for name in ("attention_scale", "mlp_scale")}
+    assert all(torch.equal(plain.state_dict()[name], scaled.state_dict()[name]) for name in plain.state_dict())
+    block = scaled.revvit.encoder[0].eval()
+    x1, x2 = torch.randn(2, 16, 24), torch.randn(2, 16, 24)
+    with torch.no_grad():
+        y1, y2 = block((x1, x2))
+        assert torch.allclose(y1, x1 + 1e-3 * block.attention(x2), atol=1e-7)
+        assert torch.allclose(y2, x2 + 1e-3 * block.mlp(y1), atol=1e-7)
+    with pytest.raises(ValueError, match="layer_scale_init_value must be a positive number or None"):
+        RevViTConfig(**base, layer_scale_init_value=0.0)

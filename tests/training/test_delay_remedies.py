@@ -86,3 +86,34 @@ def test_a_memory_budget_keeps_the_graphs_that_fit(tmp_path):
     assert tight.pipeline.kept_graphs == set()
     with pytest.raises(ValueError, match="petra_memory_budget='lots': expected bytes"):
         PetraTrainingArguments(output_dir=str(tmp_path), petra_memory_budget="lots", report_to=[])
+
+
+def _weights(model) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+
+def test_a_synchronous_start_resumes_exactly_inside_and_after_it(tmp_path):
+    """petra_synchronous_steps=3: steps 1-3 in reversible_backprop, then petra. A run resumed from step 2 (inside
+    the start) or step 4 (after it) ends with the uninterrupted run's weights; the start changes the run."""
+    full = make_trainer(tmp_path / "full", max_steps=6, save_strategy="steps", save_steps=2,
+                        petra_synchronous_steps=3)
+    full.train()
+    expected = _weights(full.model)
+    assert full.pipeline.running_mode.value == "petra"
+    for step in (2, 4):
+        resumed = make_trainer(tmp_path / f"resumed-{step}", init_seed=123, max_steps=6, save_strategy="steps",
+                               save_steps=2, petra_synchronous_steps=3)  # the same drains as the full run
+        resumed.train(resume_from_checkpoint=str(tmp_path / "full" / f"checkpoint-{step}"))
+        got = _weights(resumed.model)
+        assert all(torch.equal(got[name], expected[name]) for name in expected), step
+    plain = make_trainer(tmp_path / "plain", max_steps=6)
+    plain.train()
+    assert any(not torch.equal(value, expected[name]) for name, value in _weights(plain.model).items())
+
+
+def test_a_synchronous_start_is_petras_and_is_refused_for_other_modes(tmp_path):
+    with pytest.raises(ValueError, match="petra_synchronous_steps=3 applies to petra_mode='petra'"):
+        PetraTrainingArguments(output_dir=str(tmp_path), petra_mode="delayed", petra_synchronous_steps=3,
+                               report_to=[])
+    with pytest.raises(ValueError, match="petra_synchronous_steps must be a whole number >= 0"):
+        PetraTrainingArguments(output_dir=str(tmp_path), petra_synchronous_steps=-1, report_to=[])

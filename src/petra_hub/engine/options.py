@@ -115,17 +115,23 @@ class Remedies:
 
     weight_prediction: h > 0 runs each forward at the stage's weights extrapolated along its last update over h times
         the updates before the matching backward (see `prediction`); 0: off.
+    synchronous_updates: the first N updates of every stage run without delay, in `reversible_backprop` (PETRA's
+        memory, exact gradients); the pipeline then drains and goes on in `petra` with the same weights and optimizer
+        states. Early training, when the weights move fastest, is where stale gradients hurt most. PETRA only; 0: off.
     """
 
     weight_prediction: float = 0.0
+    synchronous_updates: int = 0
 
     def __post_init__(self):
         if not _is_number(self.weight_prediction) or not self.weight_prediction >= 0:
             raise OptionError("weight_prediction", ">= 0 (0: off)", self.weight_prediction)
+        if not _is_whole(self.synchronous_updates) or self.synchronous_updates < 0:
+            raise OptionError("synchronous_updates", "a whole number >= 0 (0: off)", self.synchronous_updates)
 
     @property
     def active(self) -> bool:
-        return self.weight_prediction > 0
+        return self.weight_prediction > 0 or self.synchronous_updates > 0
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ from .graph_budget import kept_graphs
 from .handshake import check_same_spec, handshake, input_spec_of
 from .inference import evaluating, forward_local
 from .modes import Mode
-from .options import (Diagnostics, Layout, MemoryOptions, Remedies, check_accumulation_steps, check_max_grad_norm,
-                      check_timeout)
+from .options import (Diagnostics, Layout, MemoryOptions, OptionError, Remedies, check_accumulation_steps,
+                      check_max_grad_norm, check_timeout)
 from .partitioning import auto_partition
 from .placement import Placement, pipeline_groups
 from .precision import Precision
@@ -124,9 +124,16 @@ class Pipeline(Readings):
         self.stages = list(stages)
         self.loss_fn = loss_fn
         self.mode = Mode.parse(mode)
+        if self.remedies.synchronous_updates and self.mode is not Mode.PETRA:
+            raise OptionError("synchronous_updates", f"0 in mode {self.mode.value} (a synchronous start is PETRA's: "
+                              "it begins in reversible_backprop, the same stages without delay)",
+                              self.remedies.synchronous_updates)
+        # the mode the stages run in now: reversible_backprop during a synchronous start, else `mode`
+        self.running_mode = Mode.REVERSIBLE_BACKPROP if self.remedies.synchronous_updates else self.mode
+        self.updates = 0  # accumulation groups closed so far: each stage's optimizer updates, once applied
         self.accumulation_steps = accumulation_steps
         self.weight_prediction = self.remedies.weight_prediction
-        self.schedule = Schedule(len(self.stages), self.mode.pipelined)
+        self.schedule = Schedule(len(self.stages), self.running_mode.pipelined)
         self.device = self.layout.device
         self.timeout = timeout
         self._max_grad_norm = max_grad_norm or 0.0
@@ -182,7 +189,7 @@ class Pipeline(Readings):
             self.workers[index] = StageWorker(
                 index,
                 stage,
-                mode=self.mode,
+                mode=self.running_mode,
                 num_stages=len(self.stages),
                 update=StageUpdate(accumulation_steps, optimizer, scheduler, reduce, max_grad_norm, on_update),
                 precision=self.precision,
@@ -238,10 +245,36 @@ class Pipeline(Readings):
         self._fed_in_group += 1
         if self._fed_in_group == self.accumulation_steps:
             self._fed_in_group = 0
+            self.updates += 1
         losses = []
         for _ in range(self.schedule.ticks_per_micro_batch):
             losses.extend(self._run_tick(STEP))
+        if self._synchronous_start_done():
+            losses.extend(self._leave_synchronous_start())
         return losses
+
+    def _synchronous_start_done(self) -> bool:
+        return self.running_mode is not self.mode and self.updates >= self.remedies.synchronous_updates
+
+    def _leave_synchronous_start(self) -> list[tuple[int, torch.Tensor]]:
+        """Drain (in a synchronous mode every micro-batch fed has finished already), then run in `mode`: the same
+        stages, weights and optimizer states, now pipelined."""
+        losses = self._drain()
+        self.running_mode = self.mode
+        self.schedule = Schedule(len(self.stages), self.mode.pipelined)
+        self.router.schedule = self.schedule
+        for worker in self.workers.values():
+            worker.enter_mode(self.mode, self.remedies)
+        return losses
+
+    def resume_after(self, updates: int) -> None:
+        """Tell a new pipeline that the run it continues made `updates` updates per stage already (a resumed run):
+        a synchronous start that those updates completed is over. Call it before the first `step`."""
+        if self.fed:
+            raise PipelineError("resume_after() is for a pipeline that has fed nothing yet")
+        self.updates = updates
+        if self._synchronous_start_done():
+            self._leave_synchronous_start()
 
     def end_group(self) -> None:
         """Close the open accumulation group after the last micro-batch fed: every stage applies it (averaged over
@@ -255,7 +288,10 @@ class Pipeline(Readings):
                 # a stage that has backpropagated it already (synchronous modes; a one-stage pipeline) applies the
                 # group now, before its next forward
                 worker.maybe_update()
-        self._fed_in_group = 0
+            self._fed_in_group = 0
+            self.updates += 1
+            if self._synchronous_start_done():
+                self._leave_synchronous_start()
 
     def drain(self) -> list[tuple[int, torch.Tensor]]:
         """Run ticks until every micro-batch fed has been backpropagated at every stage; apply partial groups."""

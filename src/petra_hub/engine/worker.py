@@ -106,12 +106,28 @@ class StageWorker:
         self.param_names, self.params = [name for name, _ in named], [p for _, p in named]
         self.units = units(stage) if self.reconstructs else [stage]
         self.counters = StageCounters()
-        self.predictor = WeightPredictor(0.0 if self.is_last or not mode.pipelined else remedies.weight_prediction)
+        self.predictor = self._predictor(remedies)
         self.group: list[int] = []  # micro-batches whose gradients are accumulated and not yet applied
         self._pending: dict[int, Pending] = {}
         self.probes: dict[int, StageProbe] = {}  # probed micro-batches (see `fidelity`)
         self._group_ends: set[int] = set()  # micro-batches after which a group closes before reaching k
         self._peak = 0
+
+    def _predictor(self, remedies: Remedies) -> WeightPredictor:
+        """Weight prediction extrapolates over the delay: none at the last stage or without one."""
+        return WeightPredictor(0.0 if self.is_last or not self.mode.pipelined else remedies.weight_prediction)
+
+    def enter_mode(self, mode: Mode, remedies: Remedies) -> None:
+        """Run in `mode` from now on (with nothing in flight): the end of a synchronous start, whose mode differs
+        from `mode` only in its schedule (the stage keeps, stores and rebuilds the same things)."""
+        if self._pending or self.group:
+            raise PipelineError(f"stage {self.index} changes mode with work in flight")
+        if (mode.reconstructs, mode.stashes_weights, mode.keeps_graph) != (
+                self.mode.reconstructs, self.mode.stashes_weights, self.mode.keeps_graph):
+            raise PipelineError(f"stage {self.index} cannot go from mode {self.mode.value} to {mode.value}: they "
+                                "differ in more than their schedule")
+        self.mode = mode
+        self.predictor = self._predictor(remedies)
 
     # -- the two halves of a tick ---------------------------------------------------------------------------------
     @timed

@@ -54,6 +54,11 @@ class ModelArguments:
     patch_size: int | None = field(
         default=None, metadata={"help": "RevViT: patch side; default: the preset's 16 from 128 pixels, else 4"}
     )
+    layer_scale_init_value: float | None = field(
+        default=None, metadata={"help": "RevViT: LayerScale, each block's attention and MLP outputs scaled by a "
+                                        "learned per-channel gain starting at this value (e.g. 1e-4); default: the "
+                                        "preset's none"}
+    )
     drop_path_rate: float | None = field(
         default=None, metadata={"help": "RevViT: stochastic depth, the last block's drop probability (rising "
                                         "linearly from 0 at the first); default: the preset's 0"}

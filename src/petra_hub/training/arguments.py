@@ -27,6 +27,7 @@ ENGINE_FIELDS = {
     "partition": "petra_partition",
     "data_parallel_size": "petra_data_parallel",
     "weight_prediction": "petra_weight_prediction",
+    "synchronous_updates": "petra_synchronous_steps",
     "memory_budget": "petra_memory_budget",
     "check_reconstruction_every": ("petra_check_reconstruction_every", "a whole number >= 0 (0: off)"),
 }
@@ -126,6 +127,12 @@ class PetraTrainingArguments(TrainingArguments):
         metadata={"help": "h > 0: each stage runs its forwards at its weights extrapolated along its last update "
                           "over h times its delay (weight prediction; 0: off)."},
     )
+    petra_synchronous_steps: int = field(
+        default=0,
+        metadata={"help": "A synchronous start: the first N optimizer steps run without delay (reversible_backprop: "
+                          "PETRA's memory, exact gradients), then the pipeline drains and trains on in petra mode "
+                          "with the same weights and optimizer states (0: off)."},
+    )
     petra_delay_lr_warmup: float = field(
         default=0.0,
         metadata={"help": "Delay-aware warm-up (PipeMare): each stage starts at lr / tau, tau = its delay in "
@@ -144,7 +151,9 @@ class PetraTrainingArguments(TrainingArguments):
     )
 
     def __post_init__(self):
-        Mode.parse(self.petra_mode)
+        if Mode.parse(self.petra_mode) is not Mode.PETRA and self.petra_synchronous_steps:
+            raise ValueError(f"petra_synchronous_steps={self.petra_synchronous_steps} applies to petra_mode='petra' "
+                             f"(a synchronous start ends in PETRA's pipelined schedule), not {self.petra_mode!r}")
         self.check_run_length()
         if self.petra_num_stages is not None and self.petra_num_stages < 1:
             raise ValueError(f"petra_num_stages must be >= 1, got {self.petra_num_stages}")
@@ -185,8 +194,10 @@ class PetraTrainingArguments(TrainingArguments):
         return Layout(partition=partition, data_parallel_size=self.petra_data_parallel, device=device)
 
     def remedies(self) -> Remedies:
-        """The remedies for the gradients' delay the engine applies (petra_weight_prediction)."""
-        return Remedies(weight_prediction=self.petra_weight_prediction)
+        """The remedies for the gradients' delay the engine applies (petra_weight_prediction,
+        petra_synchronous_steps)."""
+        return Remedies(weight_prediction=self.petra_weight_prediction,
+                        synchronous_updates=self.petra_synchronous_steps)
 
     def memory(self, training: bool = True) -> MemoryOptions:
         """The stages that keep their graph: those that fit petra_memory_budget (training only)."""

@@ -230,6 +230,9 @@ def summarize_trainer(trainer, output_dir: str, **card_kwargs) -> TrainingSummar
     if args.petra_weight_prediction:
         extra["Weight prediction (petra_weight_prediction)"] = (
             f"forwards at the weights extrapolated over {args.petra_weight_prediction:g} x each stage's delay")
+    if args.petra_synchronous_steps:
+        extra["Synchronous start (petra_synchronous_steps)"] = (
+            f"the first {args.petra_synchronous_steps} steps without delay (reversible_backprop), then petra")
     if args.petra_memory_budget:
         extra["Memory budget per process (petra_memory_budget)"] = (
             f"{args.petra_memory_budget}: stages keep their forward graphs where they fit")

@@ -342,6 +342,9 @@ TRAINING_ARGUMENT_SUPPORT: dict[str, FieldSupport] = {
     "petra_weight_prediction": _honoured(
         "forwards at the weights extrapolated over h times the stage's delay along its last update (0: off)"
     ),
+    "petra_synchronous_steps": _honoured(
+        "the first N optimizer steps run without delay (reversible_backprop), then petra with the same states (0: off)"
+    ),
     "petra_delay_lr_warmup": _honoured(
         "each stage starts at lr / (its delay in updates) and reaches lr after this many steps (or fraction; 0: off)"
     ),

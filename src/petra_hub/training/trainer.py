@@ -213,6 +213,7 @@ class PetraTrainer(Trainer):
                 callback.bind_trainer(self)
         if resume_from_checkpoint is not None:
             load_stage_states(resume_from_checkpoint, self.pipeline)
+            self.pipeline.resume_after(self.state.global_step)  # a synchronous start those steps made is over
         self.model.train()
         self._pending, self._unlogged, self._trained = PendingLosses(), LossWindow(), LossWindow()
         self._initial_global_step = self.state.global_step

@@ -80,6 +80,10 @@ class RevViTConfig(CheckedNumLabelsMixin, PretrainedConfig):
         hidden_dropout_prob: dropout on the outputs of attention and MLP.
         drop_path_rate: stochastic depth: the largest probability of dropping a block's sub-function per sample,
             rising linearly with depth from 0.
+        layer_scale_init_value: LayerScale (Touvron et al., CaiT, 2021): each block's attention and MLP outputs are
+            multiplied per channel by a learned gain starting at this value (small, e.g. 1e-4: each block starts near
+            the identity, and an update moves the stages after it less, which is what makes a delayed gradient
+            stale); None: no gain (the RevViT paper's blocks).
         layer_norm_eps: epsilon of the layer norms.
         preset: the paper model this configuration started from (set by `from_preset`).
     """
@@ -97,6 +101,7 @@ class RevViTConfig(CheckedNumLabelsMixin, PretrainedConfig):
         mlp_ratio: float | None = None,
         hidden_dropout_prob: float = 0.0,
         drop_path_rate: float = 0.0,
+        layer_scale_init_value: float | None = None,
         layer_norm_eps: float = 1e-6,
         initializer_range: float = 0.02,
         preset: str | None = None,
@@ -112,6 +117,7 @@ class RevViTConfig(CheckedNumLabelsMixin, PretrainedConfig):
         self.mlp_ratio = 4.0 if mlp_ratio is None else mlp_ratio
         self.hidden_dropout_prob = hidden_dropout_prob
         self.drop_path_rate = drop_path_rate
+        self.layer_scale_init_value = layer_scale_init_value
         self.layer_norm_eps = layer_norm_eps
         self.initializer_range = initializer_range
         self.preset = preset
@@ -184,6 +190,10 @@ class RevViTConfig(CheckedNumLabelsMixin, PretrainedConfig):
         check(self.intermediate_size >= 1,
               f"mlp_ratio * hidden_size (the MLP width) must be >= 1, got mlp_ratio {self.mlp_ratio} * hidden_size "
               f"{self.hidden_size} = {self.mlp_ratio * self.hidden_size:g}")
+        check(self.layer_scale_init_value is None or (is_real(self.layer_scale_init_value)
+                                                       and self.layer_scale_init_value > 0),
+              f"layer_scale_init_value must be a positive number or None (no LayerScale), got "
+              f"{self.layer_scale_init_value!r}")
         for name in ("hidden_dropout_prob", "drop_path_rate"):
             value = getattr(self, name)
             check(is_real(value) and 0.0 <= value < 1.0, f"{name} must lie in [0, 1), got {value!r}")

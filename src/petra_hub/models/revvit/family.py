@@ -27,9 +27,9 @@ CITATION = "\n".join([
 
 def shape_config(preset: str, flags: Mapping[str, Any], data: DataShape) -> RevViTConfig:
     """The recipe's RevViT: image_size is the data's; --patch_size (default: 4 pixels for small images, else the
-    preset's) and --drop_path_rate (default: the preset's) shape it."""
+    preset's), --drop_path_rate and --layer_scale_init_value (default: the preset's) shape it."""
     patch = flags["patch_size"] or (SMALL_PATCH if data.image_size < SMALL_IMAGES else RevViTConfig().patch_size)
-    overrides = {} if flags["drop_path_rate"] is None else {"drop_path_rate": flags["drop_path_rate"]}
+    overrides = {name: flags[name] for name in ("drop_path_rate", "layer_scale_init_value") if flags[name] is not None}
     return RevViTConfig.from_preset(preset, image_size=data.image_size, patch_size=patch,
                                     num_channels=data.num_channels, **overrides)
 
@@ -62,7 +62,7 @@ REVVIT = register_family(ModelFamily(
     presets=PRESETS,
     canonical_preset=canonical_preset,
     shape_config=shape_config,
-    recipe_flags=("patch_size", "drop_path_rate"),
+    recipe_flags=("patch_size", "drop_path_rate", "layer_scale_init_value"),
     architecture=architecture,
     stored_stages=lambda config: "The patch embedding and the head",
     package="petra_hub",

@@ -92,6 +92,11 @@ class ReversibleViTBlock(nn.Module):
         super().__init__()
         self.attention, self.mlp = Attention(config), MLP(config)
         self.dropout, self.drop_path = config.hidden_dropout_prob, drop_path
+        if config.layer_scale_init_value is not None:  # LayerScale: per-channel gains of F and G
+            self.attention_scale = nn.Parameter(torch.full((config.hidden_size,), config.layer_scale_init_value))
+            self.mlp_scale = nn.Parameter(torch.full((config.hidden_size,), config.layer_scale_init_value))
+        else:
+            self.attention_scale = self.mlp_scale = None
 
     def _generators(self, device: torch.device) -> tuple[torch.Generator | None, torch.Generator | None]:
         if not self.training or (self.dropout == 0.0 and self.drop_path == 0.0):
@@ -100,7 +105,11 @@ class ReversibleViTBlock(nn.Module):
         return tuple(torch.Generator(device=device).manual_seed(seed + offset) for offset in (0, 1))
 
     def _branch(self, function: nn.Module, x: torch.Tensor, generator) -> torch.Tensor:
-        value = seeded_dropout(function(x), self.dropout, generator)
+        value = function(x)
+        scale = self.attention_scale if function is self.attention else self.mlp_scale
+        if scale is not None:
+            value = value * scale.to(value.dtype)
+        value = seeded_dropout(value, self.dropout, generator)
         return seeded_dropout(value, self.drop_path, generator, per_sample=True).to(x.dtype)
 
     def forward(self, streams: Streams) -> Streams:
@@ -204,6 +213,9 @@ class RevViTPreTrainedModel(CheckedLoadingMixin, PreTrainedModel):
             init.zeros_(module.bias)
         elif isinstance(module, RevViTEmbeddings):
             init.trunc_normal_(module.position_embeddings, std=self.config.initializer_range)
+        elif isinstance(module, ReversibleViTBlock) and module.attention_scale is not None:
+            init.constant_(module.attention_scale, self.config.layer_scale_init_value)
+            init.constant_(module.mlp_scale, self.config.layer_scale_init_value)
 
 
 class RevViTModel(RevViTPreTrainedModel):
