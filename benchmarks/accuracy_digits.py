@@ -82,6 +82,11 @@ REMEDIES = {
     "predict": ["--petra_weight_prediction", "1"],
     "predict-half": ["--petra_weight_prediction", "0.5"],
     "delay-warmup": ["--petra_delay_lr_warmup", "0.25"],
+    # a synchronous start of one or two epochs of the digits at micro-batch 32 and k = 1 (45 steps an epoch)
+    "sync45": ["--petra_synchronous_steps", "45"],
+    "sync90": ["--petra_synchronous_steps", "90"],
+    "layerscale": ["--layer_scale_init_value", "1e-4"],  # RevViT only
+    "sync90-layerscale": ["--petra_synchronous_steps", "90", "--layer_scale_init_value", "1e-4"],
 }
 
 

@@ -131,8 +131,7 @@ def test_two_processes_train_a_revvit_as_one_process_does_and_it_loads_as_a_tran
     from petra_hub import RevViTForImageClassification
 
     argv = ["--model", "revvit-tiny", "--max_steps", "4", "--max_train_samples", "64", "--max_eval_samples", "16",
-            "--eval_strategy", "no", "--disable_tqdm", "true", "--petra_timeout", "60", "--optim", "adamw_torch",
-            "--optim_args", "", "--learning_rate", "5e-4", "--seed", "3"]
+            "--eval_strategy", "no", "--disable_tqdm", "true", "--petra_timeout", "60", "--seed", "3"]  # AdamW
     launch(2, ["--output_dir", str(tmp_path / "two"), *argv], tmp_path)
     reports = [json.loads((tmp_path / "two" / f"rank{r}.json").read_text()) for r in range(2)]
     assert sorted(reports[0]["local_stages"] + reports[1]["local_stages"]) == list(range(14))

@@ -72,6 +72,8 @@ class ModelFamily:
       `canonical_preset` maps a spelling to a preset name (default: the exact name).
     - `shape_config(preset, flags, data) -> config`: a new configuration of `preset` for the recipe's data
       (`DataShape`); `flags` holds the values of the recipe flags in `recipe_flags` (ModelArguments fields).
+      `recipe_defaults`: the recipe's training arguments for this family where the user gives none (its optimizer,
+      learning rate, ...; default: the recipe's own, tuned for RevNet).
     - `architecture(config, preset) -> (short name, one-line description)` for the card (default: the title and
       the preset name).
     - `stored_stages(config) -> str`: which stages keep their inputs because they are not reversible (card).
@@ -91,6 +93,7 @@ class ModelFamily:
     canonical_preset: Callable[[str], str | None] | None = None
     shape_config: Callable[[str, Mapping[str, Any], DataShape], Any] | None = None
     recipe_flags: tuple[str, ...] = ()
+    recipe_defaults: Mapping[str, Any] = field(default_factory=dict)
     architecture: Callable[[Any, str | None], tuple[str, str]] | None = None
     stored_stages: Callable[[Any], str] | None = None
     package: str | None = None

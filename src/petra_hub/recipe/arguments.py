@@ -39,7 +39,9 @@ class ModelArguments:
         default=False, metadata={"help": "Fine-tuning: a new classification head when the number of labels differs."}
     )
     model: str = field(
-        default="revnet18", metadata={"help": "A new model: " + ", ".join(preset_names())}
+        default="revnet18", metadata={"help": "A new model: " + ", ".join(preset_names()) + ". Its family's recipe "
+                                      "defaults apply where no flag says otherwise (a RevViT trains with AdamW; "
+                                      "docs/recipe.md)"}
     )
     stem: str | None = field(
         default=None, metadata={"help": "RevNet: cifar or imagenet; default: imagenet from 128 pixels"}
@@ -287,6 +289,9 @@ def parse(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments,
     if values.get("do_eval") is False and "eval_strategy" not in values:
         values["eval_strategy"] = "no"  # turning evaluation off turns off the recipe's default per-epoch evaluation
     check_architecture_flags(values)
+    if not values.get("model_name_or_path"):  # a new model trains with its family's defaults where none is given
+        family, _ = family_of_preset(values.get("model", ModelArguments.model))
+        values.update({key: value for key, value in family.recipe_defaults.items() if key not in values})
     model_args, data_args, training_args = parser.parse_dict(values)
     if "output_dir" not in values:  # name the folder after what it will hold
         training_args.output_dir = default_output_dir(model_args, data_args, training_args)

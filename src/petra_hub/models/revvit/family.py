@@ -10,6 +10,10 @@ from ..families import DataShape, ModelFamily, register_family
 from .configuration_revvit import PRESETS, RevViTConfig, canonical_preset
 from .modeling_revvit import RevViTForImageClassification, RevViTModel
 
+# The recipe's training arguments for a RevViT where the user gives none: ViTs train with AdamW (the recipe's own
+# defaults, momentum SGD at lr 0.05, are the RevNet paper's; a RevViT diverges with them within an epoch).
+RECIPE_DEFAULTS = {"optim": "adamw_torch", "optim_args": None, "learning_rate": 5e-4, "weight_decay": 0.05,
+                   "num_train_epochs": 30.0}
 SHORT_NAMES = {"revvit-tiny": "RevViT-Ti", "revvit-small": "RevViT-S", "revvit-base": "RevViT-B"}
 SMALL_IMAGES = 128  # below this side the recipe's default patch is 4 pixels, else the preset's
 SMALL_PATCH = 4
@@ -63,6 +67,7 @@ REVVIT = register_family(ModelFamily(
     canonical_preset=canonical_preset,
     shape_config=shape_config,
     recipe_flags=("patch_size", "drop_path_rate", "layer_scale_init_value"),
+    recipe_defaults=RECIPE_DEFAULTS,
     architecture=architecture,
     stored_stages=lambda config: "The patch embedding and the head",
     package="petra_hub",
