@@ -1,0 +1,101 @@
+#!/usr/bin/env python
+"""PETRA's cost against depth: the paired gap to backprop on digits at several numbers of stages J, per remedy.
+
+    python benchmarks/depth_sweep.py --model revnet18 --stages 4 10 --seeds 0 1 2 3 4
+    python benchmarks/depth_sweep.py --model revvit-tiny --stages 4 8 14 --configs backprop petra-k1 \\
+        petra-k1+layerscale petra-k1+sync90 --seeds 0 1 2 --epochs 30
+    python benchmarks/depth_sweep.py --quick     # J = 4 and 10, 1 seed, 1 epoch: depth_sweep-quick.json
+
+Each J is one `benchmarks/accuracy_digits.py` run (`--num-stages J`: the model's stages merged into J pipeline
+stages, so J is at most the model's own count: 10 for RevNet18, 14 for RevViT-Ti); every configuration is paired
+with the baseline by seed. The JSON holds, per J and configuration, the accuracies and the paired gap (mean, std,
+extremes), and the picture (`--plot`) draws the gap against J, one line per configuration. Seeds 17 and 29 are
+kept for checking what was tuned on the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import accuracy_digits  # noqa: E402
+from common import add_out_argument, progress, results_path, write_results  # noqa: E402
+
+DEFAULT_CONFIGS = ["backprop", "petra-k1", "petra-k1+sync45"]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=list(accuracy_digits.MODELS), default="revnet18")
+    parser.add_argument("--stages", nargs="+", type=int, default=None, help="the J to measure (default 4 10)")
+    parser.add_argument("--configs", nargs="+", type=accuracy_digits.config_name, default=None,
+                        help=f"default {' '.join(DEFAULT_CONFIGS)}; the first is the baseline")
+    parser.add_argument("--seeds", nargs="+", type=int, default=None, help="default 0 1 2 (quick: 0)")
+    parser.add_argument("--epochs", type=float, default=None, help="default: the model's (quick: 1)")
+    parser.add_argument("--plot", type=Path, default=None, help="also draw the gap against J into this PNG")
+    parser.add_argument("--quick", action="store_true", help="J = 4 and 10, 1 seed, 1 epoch: a smoke test")
+    add_out_argument(parser, "depth_sweep")
+    args = parser.parse_args(argv)
+    args.stages = args.stages or [4, 10]
+    args.configs = args.configs or list(DEFAULT_CONFIGS)
+    args.seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
+    if args.quick:
+        args.epochs = 1.0
+    return args
+
+
+def sweep_rows(model: str, stages: list[int], configs: list[str], seeds: list[int], epochs: float | None) -> list:
+    """One accuracy_digits run per J -> rows {stages, config, accuracies, mean, gap_mean, ...}."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="petra-depth-") as folder:
+        for count in stages:
+            progress(f"J = {count}")
+            argv = ["--model", model, "--num-stages", str(count), "--configs", *configs, "--baseline", configs[0],
+                    "--seeds", *map(str, seeds), "--out", str(Path(folder, f"J{count}.json"))]
+            if epochs is not None:
+                argv += ["--epochs", str(epochs)]
+            result = accuracy_digits.main(argv)
+            rows += [{"stages": count, **row} for row in result["summary"]]
+    return rows
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    figure, axes = pyplot.subplots(figsize=(6, 3.6))
+    for config in dict.fromkeys(row["config"] for row in rows if "gap_mean" in row):
+        points = sorted((row["stages"], row["gap_mean"], row["gap_std"]) for row in rows
+                        if row["config"] == config and "gap_mean" in row)
+        axes.errorbar([p[0] for p in points], [p[1] for p in points], yerr=[p[2] for p in points], marker="o",
+                      capsize=3, label=config)
+    axes.axhline(0.0, color="grey", linewidth=0.8)
+    axes.set_xlabel("pipeline stages J")
+    axes.set_ylabel("gap to backprop (points)")
+    axes.set_title(title)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    rows = sweep_rows(args.model, args.stages, args.configs, args.seeds, args.epochs)
+    if args.plot is not None:
+        plot(rows, args.plot, f"{args.model} on digits: the gap to {args.configs[0]} against depth")
+    settings = {"model": args.model, "stages": args.stages, "configs": args.configs, "baseline": args.configs[0],
+                "seeds": args.seeds, "epochs": args.epochs}
+    return write_results(results_path(args.out, "depth_sweep", args.quick), "depth_sweep", "depth_sweep.py", argv,
+                         settings, rows=rows)
+
+
+if __name__ == "__main__":
+    main()

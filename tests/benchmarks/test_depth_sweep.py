@@ -1,0 +1,23 @@
+"""benchmarks/depth_sweep.py: one accuracy_digits run per J, the gap of each configuration paired by seed."""
+
+import json
+
+from .conftest import load
+
+
+def test_a_short_sweep_pairs_each_configuration_with_the_baseline_at_each_depth(tmp_path):
+    sweep = load("depth_sweep")
+    out = tmp_path / "depth.json"
+    result = sweep.main(["--stages", "2", "4", "--configs", "backprop", "petra-k1+sync45", "--seeds", "0",
+                         "--epochs", "0.2", "--out", str(out), "--plot", str(tmp_path / "depth.png")])
+    rows = json.loads(out.read_text())["rows"]
+    assert rows == json.loads(json.dumps(result["rows"]))
+    assert [(row["stages"], row["config"]) for row in rows] == [
+        (2, "backprop"), (2, "petra-k1+sync45"), (4, "backprop"), (4, "petra-k1+sync45")]
+    for row in rows:
+        if row["config"] == "backprop":
+            assert "gap_mean" not in row  # the baseline
+        else:
+            assert row["gap_mean"] == row["accuracies"][0] - next(
+                r["accuracies"][0] for r in rows if r["stages"] == row["stages"] and r["config"] == "backprop")
+    assert (tmp_path / "depth.png").stat().st_size > 1000
