@@ -76,7 +76,9 @@ PRECISIONS = {
     "wire-fp16": ["--petra_message_dtype", "fp16"],
     "bf16-wire-bf16": ["--bf16", "true", "--petra_message_dtype", "bf16"],
 }
-# Remedies for the delay by name (docs/delay-remedies.md): the recipe flags that turn them on.
+# Remedies for the delay by name (docs/delay-remedies.md): the recipe flags that turn them on, after NO_REMEDY,
+# which turns off the one the recipe has on by default, so that "petra-k1" is the paper's PETRA.
+NO_REMEDY = ["--petra_weight_prediction", "0"]
 REMEDIES = {
     "none": [],
     "predict": ["--petra_weight_prediction", "1"],
@@ -172,7 +174,7 @@ def recipe_argv(
     stages = ["--petra_num_stages", str(num_stages)] if num_stages else []
     recipe, _ = MODELS[model]
     learning_rate = [] if recipe else ["--learning_rate", str(BASE_LR), "--petra_scale_lr", "true"]
-    return recipe + stages + PRECISIONS[precision] + REMEDIES[remedy] + learning_rate + [
+    return recipe + stages + PRECISIONS[precision] + NO_REMEDY + REMEDIES[remedy] + learning_rate + [
         "--output_dir", output_dir,
         "--petra_mode", mode,
         "--gradient_accumulation_steps", str(k),

@@ -22,3 +22,11 @@ def test_each_model_runs_under_its_own_recipe_settings():
     assert model_args.model == "revvit-tiny" and args.petra_num_stages == 4 and not data_args.augment
     assert (args.petra_mode, args.num_train_epochs) == ("backprop", 100)
     assert benchmark.parse_args(["--model", "revvit-tiny-petra"]).epochs == 150  # the recipe file's
+
+
+def test_a_configuration_without_a_remedy_is_the_papers_petra_whatever_the_recipe_turns_on():
+    benchmark = load("accuracy_digits")
+    plain = recipe.parse(benchmark.recipe_argv("petra", 1, 0, 12, "out"))[2]
+    assert plain.petra_weight_prediction == 0 and recipe.parse([])[2].petra_weight_prediction == 0.5
+    predicted = recipe.parse(benchmark.recipe_argv("petra", 1, 0, 12, "out", remedy="predict-half"))[2]
+    assert predicted.petra_weight_prediction == 0.5
