@@ -43,9 +43,9 @@ def revmlp():
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """examples/train_revmlp.py on 2 processes, 2 epochs: (output folder, what rank 0 printed)."""
+    """examples/train_revmlp.py on 2 processes, 1 epoch: (output folder, what rank 0 printed)."""
     tmp = tmp_path_factory.mktemp("revmlp")
-    result = _launch("train_revmlp.py", str(tmp / "out"), "2", cwd=tmp)
+    result = _launch("train_revmlp.py", str(tmp / "out"), "1", cwd=tmp)
     printed = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"eval_accuracy"')]
     assert len(printed) == 1, result.stdout[-2000:]  # rank 0 reports
     return tmp / "out", printed[0]
@@ -61,7 +61,7 @@ def _test_pixels() -> tuple[torch.Tensor, torch.Tensor]:
 def test_the_example_family_trains_on_2_processes_and_is_saved_with_its_card(trained):
     folder, printed = trained
     assert printed["stages"] == 6  # embedding, 4 reversible blocks, head: one PETRA stage each
-    assert printed["eval_accuracy"] > 0.5  # 10 classes, 2 epochs: far above chance
+    assert printed["eval_accuracy"] > 0.4  # 10 classes, 1 epoch: far above chance
     assert {"config.json", "model.safetensors", "configuration_revmlp.py", "modeling_revmlp.py",
             "preprocessor_config.json", "README.md"} <= {path.name for path in folder.iterdir()}
     card = (folder / "README.md").read_text()
