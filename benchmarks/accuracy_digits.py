@@ -89,6 +89,9 @@ REMEDIES = {
     "sync90": ["--petra_synchronous_steps", "90"],
     "layerscale": ["--layer_scale_init_value", "1e-4"],  # RevViT only
     "sync90-layerscale": ["--petra_synchronous_steps", "90", "--layer_scale_init_value", "1e-4"],
+    # each stage's learning rate divided by its delay for the whole run (the delay-aware warm-up, never ending)
+    "delay-scaled": ["--petra_delay_lr_warmup", "inf"],
+    "delay-scaled-layerscale": ["--petra_delay_lr_warmup", "inf", "--layer_scale_init_value", "1e-4"],
 }
 
 

@@ -117,3 +117,14 @@ def test_a_synchronous_start_is_petras_and_is_refused_for_other_modes(tmp_path):
                                report_to=[])
     with pytest.raises(ValueError, match="petra_synchronous_steps must be a whole number >= 0"):
         PetraTrainingArguments(output_dir=str(tmp_path), petra_synchronous_steps=-1, report_to=[])
+
+
+def test_an_endless_delay_warmup_divides_each_stages_learning_rate_by_its_delay_for_the_whole_run(tmp_path):
+    """petra_delay_lr_warmup = inf: W never ends, so lr_j(t) = lr(t) / tau_j throughout (a permanent per-stage
+    scaling by the delay)."""
+    args = PetraTrainingArguments(output_dir=str(tmp_path), learning_rate=0.1, lr_scheduler_type="constant",
+                                  petra_delay_lr_warmup=float("inf"), report_to=[])
+    rates = learning_rates(args, num_stages=5, steps=30)
+    for index, values in rates.items():
+        tau = max(1.0, 2 * (5 - 1 - index))  # k = 1: 8, 6, 4, 2, 1 updates in flight
+        assert values == [pytest.approx(0.1 / tau, rel=1e-12)] * 30, index
