@@ -65,7 +65,7 @@ def sweep_rows(model: str, stages: list[int], configs: list[str], seeds: list[in
     return rows
 
 
-def plot(rows: list[dict], path: Path, title: str) -> None:
+def plot(rows: list[dict], path: Path, title: str, baseline: str = "backprop") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -79,8 +79,8 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
                       capsize=3, label=config)
     axes.axhline(0.0, color="grey", linewidth=0.8)
     axes.set_xlabel("pipeline stages J")
-    axes.set_ylabel("gap to backprop (points)")
-    axes.set_title(title)
+    axes.set_ylabel(f"gap to {baseline} (points)")
+    axes.set_title(title, fontsize=10)
     axes.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
@@ -90,7 +90,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     rows = sweep_rows(args.model, args.stages, args.configs, args.seeds, args.epochs)
     if args.plot is not None:
-        plot(rows, args.plot, f"{args.model} on digits: the gap to {args.configs[0]} against depth")
+        plot(rows, args.plot, f"{args.model} on digits: the gap against depth", args.configs[0])
     settings = {"model": args.model, "stages": args.stages, "configs": args.configs, "baseline": args.configs[0],
                 "seeds": args.seeds, "epochs": args.epochs}
     return write_results(results_path(args.out, "depth_sweep", args.quick), "depth_sweep", "depth_sweep.py", argv,
