@@ -31,17 +31,6 @@ def _launch(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def revmlp():
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        import revmlp
-
-        yield revmlp
-    finally:
-        sys.path.remove(str(EXAMPLES))
-
-
-@pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """examples/train_revmlp.py on 2 processes, 1 epoch: (output folder, what rank 0 printed)."""
     tmp = tmp_path_factory.mktemp("revmlp")

@@ -4,8 +4,6 @@ trains models of no registered family, and says what it cannot do for them."""
 from __future__ import annotations
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,18 +15,6 @@ from petra_hub.models import families
 from petra_hub.models.families import DataShape, MissingFamilyFact, family_of_preset, registered_families
 from petra_hub.testing.stage_contract import ReversibleStageContract, reversible_stage_cases
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-@pytest.fixture(scope="module")
-def revmlp():
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        import revmlp
-
-        yield revmlp
-    finally:
-        sys.path.remove(str(EXAMPLES))
 
 
 def _classes(revmlp, model_type: str):
