@@ -53,12 +53,15 @@ from petra_hub.engine import Mode  # noqa: E402
 RECIPE = HERE.parent / "recipes" / "train_revnet.py"
 ACCELERATE_CONFIG = HERE.parent / "accelerate_config.yaml"
 CONFIGS = HERE.parent / "recipes" / "configs"
-# The models compared, by name: the recipe arguments that pick one, and its default epochs (None: its recipe file's).
+# The models compared, by name: the recipe arguments that pick one, its default epochs (None: its recipe file's) and
+# whether it trains at the paper's SGD learning rate BASE_LR scaled by k (else at its recipe file's).
 MODELS = {
-    "revnet18": ([], 12.0),  # the recipe's default model, with --learning_rate BASE_LR and --petra_scale_lr
-    "revvit-tiny": ([str(CONFIGS / "digits_revvit_tiny.yaml")], None),
+    "revnet18": ([], 12.0, True),  # the recipe's default model (stream widths 16-128)
+    # RevNet34's layout (3 + 4 + 6 + 3 blocks: up to J = 18) at the recipe's widths
+    "revnet34": (["--model", "revnet34"], 12.0, True),
+    "revvit-tiny": ([str(CONFIGS / "digits_revvit_tiny.yaml")], None, False),
     # RevViT-Ti's PETRA recipe (its stages, regularisers and epochs: the file, which says why)
-    "revvit-tiny-petra": ([str(CONFIGS / "digits_revvit_tiny_petra.yaml")], None),
+    "revvit-tiny-petra": ([str(CONFIGS / "digits_revvit_tiny_petra.yaml")], None, False),
 }
 
 DEFAULT_CONFIGS = ["backprop", "reversible_backprop", "delayed", "petra-k1", "petra-k2", "petra-k4"]
@@ -96,16 +99,21 @@ REMEDIES = {
 
 
 def parse_config(name: str) -> tuple[str, int, str, str]:
-    """MODE[-kN][+REMEDY][@PRECISION]: 'petra-k4' -> ('petra', 4, 'fp32', 'none'); 'delayed' -> ('delayed', 1, ..);
-    'petra-k1+predict@bf16' -> ('petra', 1, 'bf16', 'predict')."""
+    """MODE[-kN][+REMEDY...][@PRECISION]: 'petra-k4' -> ('petra', 4, 'fp32', 'none'); 'delayed' -> ('delayed', 1, ..);
+    'petra-k1+predict@bf16' -> ('petra', 1, 'bf16', 'predict'); remedies combine in the order given:
+    'petra-k1+delay-scaled+layerscale' -> ('petra', 1, 'fp32', 'delay-scaled+layerscale')."""
     name, _, precision = name.partition("@")
     precision = precision or "fp32"
     if precision not in PRECISIONS:
         raise argparse.ArgumentTypeError(f"unknown precision {precision!r}; precisions: {', '.join(PRECISIONS)}")
-    name, _, remedy = name.partition("+")
-    remedy = remedy or "none"
-    if remedy not in REMEDIES:
-        raise argparse.ArgumentTypeError(f"unknown remedy {remedy!r}; remedies: {', '.join(REMEDIES)}")
+    name, *remedies = name.split("+")
+    remedies = [remedy for remedy in remedies if remedy != "none"]
+    for remedy in remedies:
+        if remedy not in REMEDIES:
+            raise argparse.ArgumentTypeError(f"unknown remedy {remedy!r}; remedies: {', '.join(REMEDIES)}")
+    if len(set(remedies)) != len(remedies):
+        raise argparse.ArgumentTypeError(f"a remedy is listed twice in {name}+{'+'.join(remedies)}")
+    remedy = "+".join(remedies) or "none"
     mode, k = name, 1
     if "-k" in name:
         mode, _, digits = name.rpartition("-k")
@@ -127,12 +135,17 @@ def config_name(value: str) -> str:
 def default_epochs(model: str) -> float:
     """The epochs a model trains for unless told otherwise: MODELS', or those its recipe file gives as the recipe
     itself reads it (the recipe's default where the file is silent)."""
-    recipe_argv, epochs = MODELS[model]
+    recipe_argv, epochs, _ = MODELS[model]
     if epochs is not None:
         return epochs
     from petra_hub.recipe import train as recipe
 
     return float(recipe.parse(recipe_argv)[2].num_train_epochs)
+
+
+def run_config(run: dict) -> str:
+    """The configuration name of a run record."""
+    return config_name(f"{run['mode']}-k{run['k']}+{run.get('remedy', 'none')}@{run.get('precision', 'fp32')}")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -154,6 +167,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--processes", type=int, default=1,
                         help="run each recipe under accelerate launch on this many processes (default 1: in this "
                              "process)")
+    parser.add_argument("--fidelity-every", type=int, default=0,
+                        help="probe the gradient fidelity every this many steps (GradientFidelityCallback; default "
+                             "0: off); each run then records its stages' mean cosine to the end-to-end gradient")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs at once, each in its own process (default 1: one after the other, in this one)")
     parser.add_argument("--quick", action="store_true", help="1 seed, 1 epoch: a smoke test of the script")
     parser.add_argument("--verbose", action="store_true", help="show the Trainer's own log lines of every run")
     add_out_argument(parser, "accuracy_digits")
@@ -165,6 +183,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("a configuration is listed twice")
     if args.processes < 1:
         parser.error(f"--processes: expected a positive count, got {args.processes}")
+    if args.jobs < 1:
+        parser.error(f"--jobs: expected a positive count, got {args.jobs}")
     if args.processes > 1 and args.threads != 1:
         parser.error("--threads: launched runs have one thread per process (OMP_NUM_THREADS=1)")
     return args
@@ -175,9 +195,10 @@ def recipe_argv(
     precision: str = "fp32", remedy: str = "none", model: str = "revnet18",
 ) -> list[str]:
     stages = ["--petra_num_stages", str(num_stages)] if num_stages else []
-    recipe, _ = MODELS[model]
-    learning_rate = [] if recipe else ["--learning_rate", str(BASE_LR), "--petra_scale_lr", "true"]
-    return recipe + stages + PRECISIONS[precision] + NO_REMEDY + REMEDIES[remedy] + learning_rate + [
+    recipe, _, scaled_lr = MODELS[model]
+    learning_rate = ["--learning_rate", str(BASE_LR), "--petra_scale_lr", "true"] if scaled_lr else []
+    remedies = [flag for name in remedy.split("+") for flag in REMEDIES[name]]
+    return recipe + stages + PRECISIONS[precision] + NO_REMEDY + remedies + learning_rate + [
         "--output_dir", output_dir,
         "--petra_mode", mode,
         "--gradient_accumulation_steps", str(k),
@@ -209,9 +230,11 @@ def run_recipe(run, argv: list[str], verbose: bool = False):
 
 def one_run(run, mode: str, k: int, seed: int, epochs: float, workdir: str, verbose: bool = False,
             num_stages: int | None = None, precision: str = "fp32", remedy: str = "none",
-            model: str = "revnet18", processes: int = 1) -> dict:
+            model: str = "revnet18", processes: int = 1, fidelity_every: int = 0) -> dict:
     output_dir = tempfile.mkdtemp(prefix=f"{mode}-k{k}-s{seed}-", dir=workdir)
     argv = recipe_argv(mode, k, seed, epochs, output_dir, num_stages, precision, remedy, model)
+    if fidelity_every:
+        argv += ["--petra_gradient_fidelity_steps", str(fidelity_every)]
     start = time.perf_counter()
     if processes > 1:
         stages, learning_rate, steps, metrics, history = launched_run(argv, processes, output_dir, verbose)
@@ -238,7 +261,21 @@ def one_run(run, mode: str, k: int, seed: int, epochs: float, workdir: str, verb
         "train_loss": history[-1]["train_loss"] if history else None,
         "train_runtime_s": history[-1].get("train_runtime") if history else None,
         "wall_s": wall,
+        **({"fidelity": fidelity_summary(Path(output_dir, "gradient_fidelity.json"))} if fidelity_every else {}),
     }
+
+
+def fidelity_summary(path: Path) -> dict:
+    """A run's gradient-fidelity probes (GradientFidelityCallback's history) -> per stage, the mean over the run of
+    the cosine and of the norm ratio of its PETRA gradient to the end-to-end gradient, and their means over stages."""
+    records = json.loads(path.read_text())["records"]
+    stages = sorted({record["stage"] for record in records})
+    summary = {"probes": len({record["step"] for record in records}), "stages": stages}
+    for metric in ("cosine_true", "norm_ratio_true"):
+        by_stage = [statistics.fmean(r[metric] for r in records if r["stage"] == stage) for stage in stages]
+        summary[f"{metric}_by_stage"] = [round(value, 6) for value in by_stage]
+        summary[f"{metric}_mean"] = round(statistics.fmean(by_stage), 6)
+    return summary
 
 
 def launched_run(argv: list[str], processes: int, output_dir: str, verbose: bool):
@@ -261,11 +298,36 @@ def launched_run(argv: list[str], processes: int, output_dir: str, verbose: bool
         state["log_history"]
 
 
+def parallel_runs(args: argparse.Namespace, plan: list[tuple], workdir: str):
+    """Each planned run in its own process of this script (one configuration, one seed), `args.jobs` at a time ->
+    (configuration, run record) as each finishes. A failed run stops the whole measurement with its output."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    def one(index: int, name: str, seed: int) -> tuple[str, dict]:
+        out = Path(workdir, f"run-{index}.json")
+        command = [sys.executable, str(Path(__file__).resolve()), "--model", args.model, "--configs", name,
+                   "--baseline", name, "--seeds", str(seed), "--epochs", f"{args.epochs:g}", "--processes",
+                   str(args.processes), "--threads", str(args.threads), "--out", str(out)]
+        if args.num_stages:
+            command += ["--num-stages", str(args.num_stages)]
+        if args.fidelity_every:
+            command += ["--fidelity-every", str(args.fidelity_every)]
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+        done = subprocess.run(command, env=env, text=True, capture_output=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{name} seed {seed} failed (exit code {done.returncode}):\n{done.stderr[-4000:]}")
+        return name, json.loads(out.read_text())["runs"][0]
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(one, index, name, seed) for index, (name, *_, seed) in enumerate(plan)]
+        for future in as_completed(futures):
+            yield future.result()
+
+
 def summarise(runs: list[dict], configs: list[str], baseline: str = BASELINE) -> list[dict]:
     by_config: dict[str, list[dict]] = {c: [] for c in configs}
     for r in runs:
-        remedy = r.get("remedy", "none")
-        by_config[config_name(f"{r['mode']}-k{r['k']}+{remedy}@{r.get('precision', 'fp32')}")].append(r)
+        by_config[run_config(r)].append(r)
     base = {r["seed"]: r["test_accuracy"] for r in by_config.get(baseline, [])}
     rows = []
     for name, group in by_config.items():
@@ -288,6 +350,9 @@ def summarise(runs: list[dict], configs: list[str], baseline: str = BASELINE) ->
             "max": max(accs),
             "mean_wall_s": statistics.fmean(r["wall_s"] for r in group),
         }
+        if all("fidelity" in r for r in group):
+            row["cosine_true_mean"] = statistics.fmean(r["fidelity"]["cosine_true_mean"] for r in group)
+            row["cosine_true_first_stage"] = statistics.fmean(r["fidelity"]["cosine_true_by_stage"][0] for r in group)
         paired = [100 * (r["test_accuracy"] - base[r["seed"]]) for r in group if r["seed"] in base]
         if paired and name != baseline:
             row["gap_mean"] = statistics.fmean(paired)
@@ -302,7 +367,8 @@ def main(argv=None) -> dict:
     torch.set_num_threads(args.threads)
     run = runpy.run_path(str(RECIPE))["run"]
     plan = [(name, *parse_config(name), seed) for seed in args.seeds for name in args.configs]
-    rate = "the model's recipe file's" if MODELS[args.model][0] else f"{BASE_LR} * {MICRO_BATCH} * k / 256"
+    scaled_lr = MODELS[args.model][2]
+    rate = f"{BASE_LR} * {MICRO_BATCH} * k / 256" if scaled_lr else "the model's recipe file's"
     if args.baseline not in args.configs:
         progress(f"note: the baseline {args.baseline} is not among the configurations: no gaps")
     progress(
@@ -313,16 +379,25 @@ def main(argv=None) -> dict:
     )
     runs: list[dict] = []
     start = time.perf_counter()
+
+    def report(index: int, name: str, r: dict) -> None:
+        runs.append(r)
+        progress(
+            f"[{index}/{len(plan)}] {name:20s} seed {r['seed']}: test accuracy {100 * r['test_accuracy']:.2f} %, "
+            f"lr {r['learning_rate']:g}, {r['optimizer_steps']} steps, {r['wall_s']:.1f} s (load {load_average()})"
+        )
+
     with tempfile.TemporaryDirectory(prefix="petra-accuracy-") as workdir:
-        for index, (name, mode, k, precision, remedy, seed) in enumerate(plan, 1):
-            r = one_run(run, mode, k, seed, args.epochs, workdir, args.verbose, args.num_stages, precision, remedy,
-                        args.model, args.processes)
-            runs.append(r)
-            progress(
-                f"[{index}/{len(plan)}] {name:20s} seed {seed}: test accuracy {100 * r['test_accuracy']:.2f} %, "
-                f"lr {r['learning_rate']:g}, {r['optimizer_steps']} steps, {r['wall_s']:.1f} s "
-                f"(load {load_average()})"
-            )
+        if args.jobs > 1:
+            for index, (name, r) in enumerate(parallel_runs(args, plan, workdir), 1):
+                report(index, name, r)
+        else:
+            for index, (name, mode, k, precision, remedy, seed) in enumerate(plan, 1):
+                report(index, name, one_run(run, mode, k, seed, args.epochs, workdir, args.verbose, args.num_stages,
+                                            precision, remedy, args.model, args.processes,
+                                            args.fidelity_every))
+    order = [(name, seed) for name, *_, seed in plan]
+    runs.sort(key=lambda r: order.index((run_config(r), r["seed"])))
     total = time.perf_counter() - start
     rows = summarise(runs, args.configs, args.baseline)
     for row in rows:
@@ -336,10 +411,12 @@ def main(argv=None) -> dict:
         "epochs": args.epochs,
         "num_stages": runs[0]["num_stages"] if runs else None,
         "micro_batch": MICRO_BATCH,
-        "base_learning_rate": None if MODELS[args.model][0] else BASE_LR,  # else the model's recipe file's
-        "petra_scale_lr": not MODELS[args.model][0],
+        "base_learning_rate": BASE_LR if scaled_lr else None,  # else the model's recipe file's
+        "petra_scale_lr": scaled_lr,
         "threads": torch.get_num_threads(),
         "processes": args.processes,
+        "jobs": args.jobs,
+        "fidelity_every": args.fidelity_every,
         "transformers": transformers.__version__,
     }
     out = results_path(args.out, "accuracy_digits", args.quick)

@@ -38,6 +38,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help=f"default {' '.join(DEFAULT_CONFIGS)}; the first is the baseline")
     parser.add_argument("--seeds", nargs="+", type=int, default=None, help="default 0 1 2 (quick: 0)")
     parser.add_argument("--epochs", type=float, default=None, help="default: the model's (quick: 1)")
+    parser.add_argument("--fidelity-every", type=int, default=0,
+                        help="probe the gradient fidelity every this many steps (default 0: off); the picture then "
+                             "draws the stages' mean cosine to the end-to-end gradient beside the gap")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once, each in its own process (default 1)")
     parser.add_argument("--plot", type=Path, default=None, help="also draw the gap against J into this PNG")
     parser.add_argument("--quick", action="store_true", help="J = 4 and 10, 1 seed, 1 epoch: a smoke test")
     add_out_argument(parser, "depth_sweep")
@@ -50,7 +54,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def sweep_rows(model: str, stages: list[int], configs: list[str], seeds: list[int], epochs: float | None) -> list:
+def sweep_rows(model: str, stages: list[int], configs: list[str], seeds: list[int], epochs: float | None,
+               jobs: int = 1, fidelity_every: int = 0) -> list:
     """One accuracy_digits run per J -> rows {stages, config, accuracies, mean, gap_mean, ...}."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="petra-depth-") as folder:
@@ -60,6 +65,7 @@ def sweep_rows(model: str, stages: list[int], configs: list[str], seeds: list[in
                     "--seeds", *map(str, seeds), "--out", str(Path(folder, f"J{count}.json"))]
             if epochs is not None:
                 argv += ["--epochs", str(epochs)]
+            argv += ["--jobs", str(jobs), "--fidelity-every", str(fidelity_every)]
             result = accuracy_digits.main(argv)
             rows += [{"stages": count, **row} for row in result["summary"]]
     return rows
@@ -71,28 +77,37 @@ def plot(rows: list[dict], path: Path, title: str, baseline: str = "backprop") -
     matplotlib.use("Agg")
     from matplotlib import pyplot
 
-    figure, axes = pyplot.subplots(figsize=(6, 3.6))
+    fidelity = any("cosine_true_mean" in row for row in rows)
+    figure, panels = pyplot.subplots(1, 2 if fidelity else 1, figsize=(10 if fidelity else 6, 3.6), squeeze=False)
+    gap_axes = panels[0][0]
     for config in dict.fromkeys(row["config"] for row in rows if "gap_mean" in row):
-        points = sorted((row["stages"], row["gap_mean"], row["gap_std"]) for row in rows
+        points = sorted((row["stages"], row["gap_mean"], row["gap_std"], row.get("cosine_true_mean")) for row in rows
                         if row["config"] == config and "gap_mean" in row)
-        axes.errorbar([p[0] for p in points], [p[1] for p in points], yerr=[p[2] for p in points], marker="o",
-                      capsize=3, label=config)
-    axes.axhline(0.0, color="grey", linewidth=0.8)
-    axes.set_xlabel("pipeline stages J")
-    axes.set_ylabel(f"gap to {baseline} (points)")
-    axes.set_title(title, fontsize=10)
-    axes.legend(fontsize=8)
+        line = gap_axes.errorbar([p[0] for p in points], [p[1] for p in points], yerr=[p[2] for p in points],
+                                 marker="o", capsize=3, label=config)
+        if fidelity:
+            probed = [p for p in points if p[3] is not None]
+            panels[0][1].plot([p[0] for p in probed], [p[3] for p in probed], marker="o",
+                              color=line.lines[0].get_color(), label=config)
+    gap_axes.axhline(0.0, color="grey", linewidth=0.8)
+    gap_axes.set_xlabel("pipeline stages J")
+    gap_axes.set_ylabel(f"gap to {baseline} (points)")
+    gap_axes.legend(fontsize=8)
+    if fidelity:
+        panels[0][1].set_xlabel("pipeline stages J")
+        panels[0][1].set_ylabel("mean cosine to the end-to-end gradient")
+    figure.suptitle(title, fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    rows = sweep_rows(args.model, args.stages, args.configs, args.seeds, args.epochs)
+    rows = sweep_rows(args.model, args.stages, args.configs, args.seeds, args.epochs, args.jobs, args.fidelity_every)
     if args.plot is not None:
         plot(rows, args.plot, f"{args.model} on digits: the gap against depth", args.configs[0])
     settings = {"model": args.model, "stages": args.stages, "configs": args.configs, "baseline": args.configs[0],
-                "seeds": args.seeds, "epochs": args.epochs}
+                "seeds": args.seeds, "epochs": args.epochs, "fidelity_every": args.fidelity_every}
     return write_results(results_path(args.out, "depth_sweep", args.quick), "depth_sweep", "depth_sweep.py", argv,
                          settings, rows=rows)
 

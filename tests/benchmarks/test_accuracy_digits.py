@@ -1,5 +1,9 @@
 """benchmarks/accuracy_digits.py builds the recipe's arguments for each model it compares."""
 
+import argparse
+
+import pytest
+
 from petra_hub.recipe import train as recipe
 
 from .conftest import load
@@ -30,3 +34,25 @@ def test_a_configuration_without_a_remedy_is_the_papers_petra_whatever_the_recip
     assert plain.petra_weight_prediction == 0 and recipe.parse([])[2].petra_weight_prediction == 0.5
     predicted = recipe.parse(benchmark.recipe_argv("petra", 1, 0, 12, "out", remedy="predict-half"))[2]
     assert predicted.petra_weight_prediction == 0.5
+
+
+def test_remedies_combine_in_one_configuration_and_each_reaches_the_recipe():
+    benchmark = load("accuracy_digits")
+    assert benchmark.parse_config("petra-k2+delay-scaled+layerscale@bf16") == (
+        "petra", 2, "bf16", "delay-scaled+layerscale")
+    assert benchmark.config_name("petra-k1+none") == "petra-k1"
+    for bad in ("petra-k1+predict+predict", "petra-k1+nonsense"):
+        with pytest.raises(argparse.ArgumentTypeError, match="twice|unknown remedy"):
+            benchmark.parse_config(bad)
+    argv = benchmark.recipe_argv("petra", 1, 0, 10, "out", remedy="predict-half+delay-scaled+layerscale",
+                                 model="revvit-tiny")
+    model_args, _, args = recipe.parse(argv)
+    assert (args.petra_weight_prediction, args.petra_delay_lr_warmup) == (0.5, float("inf"))
+    assert model_args.layer_scale_init_value == 1e-4
+
+
+def test_revnet34_is_the_recipe_widths_with_resnet34_depths_at_the_papers_learning_rate():
+    benchmark = load("accuracy_digits")
+    model_args, _, args = recipe.parse(benchmark.recipe_argv("petra", 1, 0, 12, "out", model="revnet34"))
+    assert model_args.model == "revnet34" and model_args.hidden_sizes == "16,32,64,128"
+    assert args.petra_scale_lr and args.micro_batch_learning_rate() == 0.4 * 32 / 256
