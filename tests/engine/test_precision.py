@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from petra_hub.engine import Diagnostics, Layout, Pipeline, StageMismatchError
-from petra_hub.engine.messages import Part, decode, encode, message_bytes
+from petra_hub.engine.messages import Part, decode, encode, message_bytes, round_trip
 from petra_hub.engine.precision import Precision
 from petra_hub.engine.transport import ActivationSpec
 from petra_hub.testing.models import random_images, small_model
@@ -88,6 +88,20 @@ def test_wire_round_trip_exact_in_own_dtype_rounded_in_bf16_rescaled_in_fp16():
             # relative to each element: 1e-9 gradients survive fp16 thanks to the power-of-two factor
             assert float(((got - want).abs() / want.abs()).max()) <= tolerance
     assert message_bytes([Part(spec, torch.bfloat16)], 3) == (60 + 6) * 2
+
+
+def test_a_local_delivery_lays_values_out_as_a_remote_one():
+    """A strided view (one half of a concatenation's gradient) reaches a stage of the same rank laid out as one of
+    another rank gets it: reductions over it (a per-channel gain's gradient) then sum in the same order, and one
+    process trains the weights N processes train (RevViT with LayerScale differed from its second step)."""
+    both = torch.randn(3, 4, 10, generator=torch.Generator().manual_seed(0))
+    streams = (both[..., :5], both[..., 5:])
+    assert not streams[1].is_contiguous()
+    parts = [Part(ActivationSpec.of(streams), wire) for wire in (None, torch.bfloat16)]
+    for part in parts:
+        (local,), (remote,) = round_trip([streams], [part]), decode(encode([streams], [part]), [part], 3)
+        for got, want in zip(local, remote):
+            assert got.is_contiguous() and got.stride() == want.stride() and torch.equal(got, want)
 
 
 def test_fp16_wire_keeps_an_overflow_visible():

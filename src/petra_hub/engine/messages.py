@@ -91,7 +91,10 @@ def decode(buffer: torch.Tensor, parts: list[Part], batch: int) -> list[Activati
 
 def round_trip(values: list[Activation], parts: list[Part]) -> list[Activation]:
     """What the receiving stage would get, without building the buffer: `narrow` then `widen` on each tensor, as
-    `encode` and `decode` do (so the values are bit-identical); the identity where a part travels in its own dtype."""
+    `encode` and `decode` do (so the values are bit-identical), laid out contiguously as `decode` lays them out
+    (a strided view, such as one half of a concatenation's gradient, would otherwise reach a local stage with other
+    strides than a remote one, and reductions over it, such as a per-channel gain's gradient, sum in another
+    order); the identity for a contiguous tensor that travels in its own dtype."""
     result = []
     for value, part in zip(values, parts):
         tensors = tuple(_round(tensor, part, index) for index, tensor in enumerate(as_tuple(value)))
@@ -101,7 +104,7 @@ def round_trip(values: list[Activation], parts: list[Part]) -> list[Activation]:
 
 def _round(tensor: torch.Tensor, part: Part, index: int) -> torch.Tensor:
     sent, factor = narrow(tensor, part, index)
-    return widen(sent, tensor.dtype, factor)
+    return widen(sent, tensor.dtype, factor).contiguous()
 
 
 def _fp16_factor(tensor: torch.Tensor) -> float:
