@@ -7,6 +7,8 @@
     python benchmarks/accuracy_digits.py --configs petra-k1 petra-k1@bf16 --baseline petra-k1 --out out.json
     python benchmarks/accuracy_digits.py --model revvit-tiny --configs backprop reversible_backprop petra --seeds 0
     python benchmarks/accuracy_digits.py --model revvit-tiny-petra --configs petra --processes 2 --out out.json
+    python benchmarks/accuracy_digits.py --model revvit-tiny --configs backprop+layerscale \
+        petra-k1+delay-scaled+layerscale --seeds 0 1 2 --jobs 6 --fidelity-every 30 --recipe-args='--warmup_steps 0.2'
 
 Every run is the recipe's `run(argv)` (`recipes/train_revnet.py`, loaded with `runpy`) in this process, one after
 the other, one intra-op thread (with `--processes N`: the recipe under `accelerate launch` on N processes of one
@@ -17,7 +19,10 @@ scaling (lr = 0.4 * 32 * k / 256); `--model revvit-tiny` trains the RevViT of `r
 same ViT under its PETRA recipe, `recipes/configs/digits_revvit_tiny_petra.yaml` (the file gives its settings and
 why); both train for their file's epochs unless `--epochs` says otherwise. A configuration is `MODE` or `MODE-kN`
 (e.g. `petra-k4`, `delayed`, `backprop-k2`), optionally with `+REMEDY` (one of `REMEDIES`, e.g. `petra-k1+predict`)
-and `@PRECISION` (one of `PRECISIONS`, e.g. `petra-k1@bf16`). Setup and discussion:
+and `@PRECISION` (one of `PRECISIONS`, e.g. `petra-k1@bf16`); remedies combine (`petra-k1+delay-scaled+layerscale`).
+`--jobs N` runs N runs at once, each in a process of its own; `--fidelity-every N` probes each run's gradient
+fidelity (`GradientFidelityCallback`) and records its stages' mean cosine to the end-to-end gradient beside its
+accuracy; `--recipe-args` gives every run more recipe flags. Setup and discussion:
 docs/benchmarks-accuracy.md and docs/benchmarks-precision.md; tables: `python benchmarks/report.py`.
 """
 
@@ -29,6 +34,7 @@ import io
 import json
 import os
 import runpy
+import shlex
 import statistics
 import subprocess
 import sys
@@ -170,6 +176,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--fidelity-every", type=int, default=0,
                         help="probe the gradient fidelity every this many steps (GradientFidelityCallback; default "
                              "0: off); each run then records its stages' mean cosine to the end-to-end gradient")
+    parser.add_argument("--recipe-args", type=shlex.split, default=[],
+                        help="more recipe flags for every run, last (so they win), e.g. "
+                             "--recipe-args='--warmup_steps 0.2'")
     parser.add_argument("--jobs", type=int, default=1,
                         help="runs at once, each in its own process (default 1: one after the other, in this one)")
     parser.add_argument("--quick", action="store_true", help="1 seed, 1 epoch: a smoke test of the script")
@@ -230,9 +239,10 @@ def run_recipe(run, argv: list[str], verbose: bool = False):
 
 def one_run(run, mode: str, k: int, seed: int, epochs: float, workdir: str, verbose: bool = False,
             num_stages: int | None = None, precision: str = "fp32", remedy: str = "none",
-            model: str = "revnet18", processes: int = 1, fidelity_every: int = 0) -> dict:
+            model: str = "revnet18", processes: int = 1, fidelity_every: int = 0,
+            extra: list[str] | None = None) -> dict:
     output_dir = tempfile.mkdtemp(prefix=f"{mode}-k{k}-s{seed}-", dir=workdir)
-    argv = recipe_argv(mode, k, seed, epochs, output_dir, num_stages, precision, remedy, model)
+    argv = recipe_argv(mode, k, seed, epochs, output_dir, num_stages, precision, remedy, model) + (extra or [])
     if fidelity_every:
         argv += ["--petra_gradient_fidelity_steps", str(fidelity_every)]
     start = time.perf_counter()
@@ -312,6 +322,8 @@ def parallel_runs(args: argparse.Namespace, plan: list[tuple], workdir: str):
             command += ["--num-stages", str(args.num_stages)]
         if args.fidelity_every:
             command += ["--fidelity-every", str(args.fidelity_every)]
+        if args.recipe_args:
+            command.append("--recipe-args=" + shlex.join(args.recipe_args))
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
         done = subprocess.run(command, env=env, text=True, capture_output=True)
         if done.returncode != 0:
@@ -395,7 +407,7 @@ def main(argv=None) -> dict:
             for index, (name, mode, k, precision, remedy, seed) in enumerate(plan, 1):
                 report(index, name, one_run(run, mode, k, seed, args.epochs, workdir, args.verbose, args.num_stages,
                                             precision, remedy, args.model, args.processes,
-                                            args.fidelity_every))
+                                            args.fidelity_every, args.recipe_args))
     order = [(name, seed) for name, *_, seed in plan]
     runs.sort(key=lambda r: order.index((run_config(r), r["seed"])))
     total = time.perf_counter() - start
@@ -417,6 +429,7 @@ def main(argv=None) -> dict:
         "processes": args.processes,
         "jobs": args.jobs,
         "fidelity_every": args.fidelity_every,
+        "recipe_args": args.recipe_args,
         "transformers": transformers.__version__,
     }
     out = results_path(args.out, "accuracy_digits", args.quick)

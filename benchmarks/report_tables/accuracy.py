@@ -81,3 +81,20 @@ def delay_sensitivity_main(r, arg=None):
             for row in r["rows"]]
     return table(["model", "delay d (micro-batches)", f"training loss, last {r['settings']['steps'] // 4} steps",
                   "test accuracy %"], rows, "lrrr")
+
+
+@renders("remedy_screen", "main")
+def remedy_screen_main(r, arg=None):
+    """One row per setting of benchmarks/remedy_screen.py, as the plan lists them."""
+    baseline = r["settings"]["baseline"]
+    rows = []
+    for s in r["rows"]:
+        gap = f"{s['gap_mean']:+.2f}" if "gap_mean" in s else ("(reference)" if s["config"] == baseline
+                                                                 and not s["flags"] else "n/a")
+        cosine = "n/a" if s["cosine_true_mean"] is None else f"{s['cosine_true_mean']:.3f}"
+        rows.append([s["config"], s["stages"], f"`{s['flags']}`" if s["flags"] else "", f"{s['epochs']:g}",
+                     ", ".join(f"{seed}: {a:.2f}" for seed, a in zip(s["seeds"], s["accuracies"])), f"{s['mean']:.2f}",
+                     gap, cosine])
+    header = ["configuration", "J", "recipe flags", "epochs", "test accuracy % (seed: %)", "mean",
+              f"gap to {baseline} (pts, paired)", "mean cosine to e2e"]
+    return table(header, rows, "lrlrlrrr")

@@ -1,0 +1,43 @@
+"""benchmarks/remedy_screen.py: each plan line one run with its own flags, settings grouped and paired by seed."""
+
+import json
+
+import pytest
+
+from .conftest import load
+
+PLAN = """# two settings of one model
+base revnet18 backprop 0 0.1
+same revnet18 petra-k1 0 0.1
+fast revnet18 petra-k1+predict-half 0 0.1 --learning_rate 0.2 --petra_num_stages 4
+"""
+
+
+def test_each_line_runs_with_its_flags_and_is_paired_with_the_baseline(tmp_path):
+    screen = load("remedy_screen")
+    plan = tmp_path / "plan.txt"
+    plan.write_text(PLAN)
+    result = screen.main([str(plan), "--jobs", "2", "--fidelity-every", "2", "--baseline", "backprop", "--out",
+                          str(tmp_path / "screen.json")])
+    assert json.loads((tmp_path / "screen.json").read_text())["rows"] == json.loads(json.dumps(result["rows"]))
+    base, same, fast = result["runs"]
+    assert (base["num_stages"], same["num_stages"], fast["num_stages"]) == (10, 10, 4)
+    # the recipe's linear scaling applies to the plan's rate as to the default one
+    assert fast["learning_rate"] == pytest.approx(0.2 * 32 / 256) and base["learning_rate"] == pytest.approx(0.05)
+    assert base["cosine_true_mean"] == pytest.approx(1.0, abs=1e-6) and fast["cosine_true_mean"] < 1 - 1e-6
+    rows = {row["config"]: row for row in result["rows"]}
+    assert rows["petra-k1+predict-half"]["flags"] == "--learning_rate 0.2"  # the stages are a column
+    assert rows["petra-k1"]["gap_mean"] == pytest.approx(same["test_accuracy"] - base["test_accuracy"])
+    # other stages: no baseline to pair with
+    assert "gap_mean" not in rows["petra-k1+predict-half"] and "gap_mean" not in rows["backprop"]
+
+
+def test_a_plan_line_without_its_fields_or_a_name_used_twice_is_refused(tmp_path):
+    screen = load("remedy_screen")
+    plan = tmp_path / "plan.txt"
+    plan.write_text("only three words\n")
+    with pytest.raises(ValueError, match=r"plan.txt:1: expected NAME MODEL CONFIG SEED EPOCHS"):
+        screen.read_plan(plan)
+    plan.write_text("a revnet18 backprop 0 1\na revnet18 backprop 1 1\n")
+    with pytest.raises(ValueError, match="a name is used twice"):
+        screen.read_plan(plan)
