@@ -84,6 +84,7 @@ def test_the_revvit_digits_recipe_trains_a_revvit_tiny_with_adamw(tmp_path):
     assert (model_args.model, data_args.dataset, args.petra_mode) == ("revvit-tiny", "digits", "reversible_backprop")
     assert (args.optim, args.optim_args, args.learning_rate, args.weight_decay) == ("adamw_torch", None, 5e-4, 0.05)
     assert args.num_train_epochs == 30 and args.output_dir == "outputs/revvit-tiny-digits"
+    assert model_args.layer_scale_init_value is None and args.petra_delay_lr_warmup == 0  # the paper's ViT-Ti
 
 
 def test_the_revvit_petra_recipe_trains_4_regularised_stages_without_augmentation(tmp_path):
@@ -93,6 +94,7 @@ def test_the_revvit_petra_recipe_trains_4_regularised_stages_without_augmentatio
     assert (args.optim, args.learning_rate, args.weight_decay) == ("adamw_torch", 5e-4, 0.05)
     assert (args.petra_num_stages, data_args.augment, args.num_train_epochs) == (4, False, 150)
     assert (args.label_smoothing_factor, model_args.drop_path_rate) == (0.1, 0.1)
+    assert model_args.layer_scale_init_value is None and args.petra_delay_lr_warmup == 0  # as measured
     assert args.eval_strategy == "no" and args.do_eval  # one evaluation, at the end
     assert args.output_dir == "outputs/revvit-tiny-digits-petra"
 
@@ -613,12 +615,23 @@ def test_a_new_model_trains_with_its_familys_recipe_defaults_where_no_flag_is_gi
     """The recipe's own defaults (momentum SGD at lr 0.05) are the RevNet paper's; a RevViT diverged with them at
     step 43 on 2 processes. It trains with its family's (AdamW) unless flags or a file say otherwise (trained with
     them: tests/test_recipe_multiprocess.py)."""
-    from petra_hub.models.revvit.family import RECIPE_DEFAULTS
+    from petra_hub.models.revvit.family import DELAYED_RECIPE_DEFAULTS, RECIPE_DEFAULTS
 
-    args = recipe.parse(["--model", "revvit-tiny"])[2]
-    assert (args.optim, args.optim_args, args.learning_rate, args.weight_decay, args.num_train_epochs) == (
-        "adamw_torch", None, 5e-4, 0.05, 30.0) == tuple(RECIPE_DEFAULTS.values())
-    args = recipe.parse(["--model", "revvit-tiny", "--learning_rate", "1e-3", "--optim", "sgd"])[2]
+    model_args, _, args = recipe.parse(["--model", "revvit-tiny", "--petra_mode", "backprop"])
+    assert (args.optim, args.optim_args, args.learning_rate, args.weight_decay, args.num_train_epochs,
+            model_args.layer_scale_init_value) == ("adamw_torch", None, 5e-4, 0.05, 30.0, 1e-4) == tuple(
+        RECIPE_DEFAULTS.values())
+    assert args.petra_delay_lr_warmup == 0
+    for mode in ("petra", "delayed"):  # delayed gradients: the family's delay remedies too
+        model_args, _, args = recipe.parse(["--model", "revvit-tiny", "--petra_mode", mode])
+        assert (args.learning_rate, args.petra_delay_lr_warmup) == (2e-3, float("inf")) == tuple(
+            DELAYED_RECIPE_DEFAULTS.values())
+        assert (args.optim, model_args.layer_scale_init_value) == ("adamw_torch", 1e-4)
+    assert recipe.parse(["--model", "revvit-tiny"])[2].learning_rate == 2e-3  # the recipe's mode is petra
+    model_args, _, args = recipe.parse(["--model", "revvit-tiny", "--learning_rate", "1e-3", "--optim", "sgd",
+                                        "--layer_scale_init_value", "null"])
     assert (args.optim, args.learning_rate, args.weight_decay) == ("sgd", 1e-3, 0.05)  # flags win, one by one
+    assert model_args.layer_scale_init_value is None and args.petra_delay_lr_warmup == float("inf")
     assert recipe.parse([])[2].optim == "sgd" and recipe.parse([])[2].learning_rate == 0.05  # RevNet: the recipe's
+    assert recipe.parse([])[2].petra_delay_lr_warmup == 0
 

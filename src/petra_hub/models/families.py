@@ -73,7 +73,8 @@ class ModelFamily:
     - `shape_config(preset, flags, data) -> config`: a new configuration of `preset` for the recipe's data
       (`DataShape`); `flags` holds the values of the recipe flags in `recipe_flags` (ModelArguments fields).
       `recipe_defaults`: the recipe's training arguments for this family where the user gives none (its optimizer,
-      learning rate, ...; default: the recipe's own, tuned for RevNet).
+      learning rate, ...; default: the recipe's own, tuned for RevNet); `delayed_recipe_defaults`: more, over those,
+      where the recipe's mode has delayed gradients (petra, delayed, ...): the family's delay remedies.
     - `architecture(config, preset) -> (short name, one-line description)` for the card (default: the title and
       the preset name).
     - `stored_stages(config) -> str`: which stages keep their inputs because they are not reversible (card).
@@ -94,6 +95,7 @@ class ModelFamily:
     shape_config: Callable[[str, Mapping[str, Any], DataShape], Any] | None = None
     recipe_flags: tuple[str, ...] = ()
     recipe_defaults: Mapping[str, Any] = field(default_factory=dict)
+    delayed_recipe_defaults: Mapping[str, Any] = field(default_factory=dict)
     architecture: Callable[[Any, str | None], tuple[str, str]] | None = None
     stored_stages: Callable[[Any], str] | None = None
     package: str | None = None

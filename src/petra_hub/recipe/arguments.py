@@ -18,6 +18,7 @@ from transformers.hf_argparser import string_to_bool
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy, SchedulerType
 from transformers.training_args import OptimizerNames
 
+from ..engine import Mode
 from ..models.families import family_of_preset, preset_names, registered_families
 from ..training.arguments import PetraTrainingArguments
 from ..training.checkpoint import checkpoint_to_resume
@@ -294,11 +295,23 @@ def parse(argv: list[str] | None = None) -> tuple[ModelArguments, DataArguments,
     check_architecture_flags(values)
     if not values.get("model_name_or_path"):  # a new model trains with its family's defaults where none is given
         family, _ = family_of_preset(values.get("model", ModelArguments.model))
-        values.update({key: value for key, value in family.recipe_defaults.items() if key not in values})
+        defaults = dict(family.recipe_defaults)
+        if delayed_mode(values.get("petra_mode", RecipeTrainingArguments.petra_mode)):
+            defaults.update(family.delayed_recipe_defaults)
+        values.update({key: value for key, value in defaults.items() if key not in values})
     model_args, data_args, training_args = parser.parse_dict(values)
     if "output_dir" not in values:  # name the folder after what it will hold
         training_args.output_dir = default_output_dir(model_args, data_args, training_args)
     return model_args, data_args, training_args
+
+
+def delayed_mode(name) -> bool:
+    """Whether the mode `name` trains with delayed gradients (False for a name that is no mode: the arguments'
+    own check refuses it by name)."""
+    try:
+        return Mode.parse(name).pipelined
+    except (ValueError, TypeError, AttributeError):
+        return False
 
 
 def default_output_dir(model_args: ModelArguments, data_args: DataArguments, args: PetraTrainingArguments) -> str:

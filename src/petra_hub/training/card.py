@@ -237,7 +237,9 @@ def summarize_trainer(trainer, output_dir: str, **card_kwargs) -> TrainingSummar
         extra["Memory budget per process (petra_memory_budget)"] = (
             f"{args.petra_memory_budget}: stages keep their forward graphs where they fit")
     if args.petra_delay_lr_warmup:
-        extra["Delay-aware warm-up (petra_delay_lr_warmup)"] = f"{args.petra_delay_lr_warmup:g}"
+        extra["Delay-aware warm-up (petra_delay_lr_warmup)"] = (
+            "each stage's learning rate divided by its delay in updates, for the whole run"
+            if math.isinf(args.petra_delay_lr_warmup) else f"{args.petra_delay_lr_warmup:g}")
     processor = {} if facts.from_registry else processor_convention(trainer.processing_class)
     repo_id = getattr(trainer, "hub_model_id", None) or args.hub_model_id
     fields.setdefault("model_name", Path(repo_id or output_dir).name)

@@ -11,9 +11,14 @@ from .configuration_revvit import PRESETS, RevViTConfig, canonical_preset
 from .modeling_revvit import RevViTForImageClassification, RevViTModel
 
 # The recipe's training arguments for a RevViT where the user gives none: ViTs train with AdamW (the recipe's own
-# defaults, momentum SGD at lr 0.05, are the RevNet paper's; a RevViT diverges with them within an epoch).
+# defaults, momentum SGD at lr 0.05, are the RevNet paper's; a RevViT diverges with them within an epoch), and with
+# LayerScale, which lifted RevViT-Ti on digits under backprop as well as under PETRA (docs/delay-remedies.md).
 RECIPE_DEFAULTS = {"optim": "adamw_torch", "optim_args": None, "learning_rate": 5e-4, "weight_decay": 0.05,
-                   "num_train_epochs": 30.0}
+                   "num_train_epochs": 30.0, "layer_scale_init_value": 1e-4}
+# With delayed gradients, each stage's rate divided by its delay for the whole run, from a base four times
+# backprop's: the best of the settings screened at one stage per block (docs/delay-remedies.md). Plain PETRA there
+# ends in a NaN or at chance.
+DELAYED_RECIPE_DEFAULTS = {"learning_rate": 2e-3, "petra_delay_lr_warmup": float("inf")}
 SHORT_NAMES = {"revvit-tiny": "RevViT-Ti", "revvit-small": "RevViT-S", "revvit-base": "RevViT-B"}
 SMALL_IMAGES = 128  # below this side the recipe's default patch is 4 pixels, else the preset's
 SMALL_PATCH = 4
@@ -54,6 +59,8 @@ def architecture(config: RevViTConfig | None, preset: str | None) -> tuple[str, 
         f"{source.num_attention_heads} attention heads, MLP {source.mlp_ratio:g}x, {source.patch_size}x"
         f"{source.patch_size} patches of {source.image_size}x{source.image_size} images ({source.num_patches} tokens)"
     )
+    if source.layer_scale_init_value:
+        description += f", LayerScale from {source.layer_scale_init_value:g}"
     return name, (f"{name} ({key}): {description}" if name in SHORT_NAMES.values() else description)
 
 
@@ -68,6 +75,7 @@ REVVIT = register_family(ModelFamily(
     shape_config=shape_config,
     recipe_flags=("patch_size", "drop_path_rate", "layer_scale_init_value"),
     recipe_defaults=RECIPE_DEFAULTS,
+    delayed_recipe_defaults=DELAYED_RECIPE_DEFAULTS,
     architecture=architecture,
     stored_stages=lambda config: "The patch embedding and the head",
     package="petra_hub",
