@@ -28,8 +28,10 @@ def sgd(index, stage):
     return torch.optim.SGD(stage.parameters(), lr=0.05, momentum=0.9, nesterov=True)
 
 
-def train(mode, accumulation_steps, partition=None, model=None):
-    """Train the reference small RevNet18 for NUM_MICRO_BATCHES micro-batches; returns the pipeline and model."""
+def train(mode, accumulation_steps, partition=None, model=None, only_what_it_needs=False, shift_ids=0):
+    """Train the reference small RevNet18 for NUM_MICRO_BATCHES micro-batches; returns the pipeline and model.
+    `only_what_it_needs`: each rank feeds the inputs only if it runs stage 0 and the targets only if it runs the
+    last stage, with every micro-batch's size and sample indices (moved by `shift_ids` on a rank that misreads)."""
     model = model or small_model("revnet18", dtype=torch.float32, seed=0)
     model.train()
     pipeline = Pipeline(
@@ -42,14 +44,19 @@ def train(mode, accumulation_steps, partition=None, model=None):
         layout=Layout(partition=partition),
     )
     losses = []
-    for images, labels in micro_batches(model.config):
-        losses += pipeline.step(images, labels)
+    for index, (images, labels) in enumerate(micro_batches(model.config)):
+        if not only_what_it_needs:
+            losses += pipeline.step(images, labels)
+            continue
+        ids = torch.arange(4) + 4 * index + shift_ids
+        losses += pipeline.step(images if pipeline.has_first_stage else None,
+                                labels if pipeline.has_last_stage else None, batch_size=4, sample_ids=ids)
     losses += pipeline.drain()
     return pipeline, model, losses
 
 
-def _distributed_training(rank, world_size, mode, accumulation_steps, partition):
-    pipeline, model, losses = train(mode, accumulation_steps, partition)
+def _distributed_training(rank, world_size, mode, accumulation_steps, partition, only_what_it_needs=False):
+    pipeline, model, losses = train(mode, accumulation_steps, partition, only_what_it_needs=only_what_it_needs)
     pipeline.gather_stages(dst=0)
     counters = {i: (c.forwards, c.backwards, c.updates) for i, c in pipeline.counters().items()}
     return {
@@ -60,20 +67,23 @@ def _distributed_training(rank, world_size, mode, accumulation_steps, partition)
 
 
 CASES = [
-    pytest.param(2, "petra", 2, None, id="2ranks-petra-k2"),
-    pytest.param(3, "petra", 1, [2, 5, 3], id="3ranks-petra-grouped"),
-    pytest.param(2, "delayed", 3, [6, 4], id="2ranks-delayed-k3"),
-    pytest.param(5, "petra", 1, [2, 2, 2, 2, 2], id="5ranks-petra"),
-    pytest.param(10, "petra", 2, [1] * 10, id="10ranks-petra-k2-one-stage-each"),
+    pytest.param(2, "petra", 2, None, False, id="2ranks-petra-k2"),
+    pytest.param(3, "petra", 1, [2, 5, 3], False, id="3ranks-petra-grouped"),
+    pytest.param(2, "delayed", 3, [6, 4], False, id="2ranks-delayed-k3"),
+    pytest.param(5, "petra", 1, [2, 2, 2, 2, 2], False, id="5ranks-petra"),
+    pytest.param(10, "petra", 2, [1] * 10, False, id="10ranks-petra-k2-one-stage-each"),
 ]
 
 
-@pytest.mark.parametrize("world_size,mode,k,partition", CASES)
-def test_multiprocess_is_bit_identical_to_one_process(tmp_path, world_size, mode, k, partition):
+@pytest.mark.parametrize("world_size,mode,k,partition,only_what_it_needs", [
+    *CASES, pytest.param(3, "petra", 1, [2, 5, 3], True, id="3ranks-petra-each-rank-fed-only-what-it-needs")])
+def test_multiprocess_is_bit_identical_to_one_process(tmp_path, world_size, mode, k, partition, only_what_it_needs):
+    """Also where the first rank alone is given the images, the last alone the labels, and the middle rank only
+    each micro-batch's size and sample indices."""
     torch.set_num_threads(1)
     _, reference, reference_losses = train(mode, k)
     results, codes, _started = run_ranks(
-        _distributed_training, world_size, mode, k, partition, out_dir=tmp_path, deadline=150
+        _distributed_training, world_size, mode, k, partition, only_what_it_needs, out_dir=tmp_path, deadline=150
     )
     for rank, result in enumerate(results):
         assert result is not None and "error" not in result, (rank, result and result.get("traceback"))
@@ -268,3 +278,16 @@ def test_ranks_that_keep_other_graphs_are_refused_at_start():
     results, _, _ = run_ranks(_kept_on_rank_0_only, 2, deadline=60)
     messages = [result["value"] for result in results]
     assert messages[0] == messages[1] == "ranks disagree on kept_graphs (rank 0: [0], rank 1: [])"
+
+
+def _misread_sample_ids(rank, world_size):
+    train("petra", 1, [5, 5], only_what_it_needs=True, shift_ids=rank)
+
+
+def test_ranks_that_feed_other_samples_are_stopped_by_their_sample_indices(tmp_path):
+    """Without the labels on every rank, the sample indices are what neighbours compare: a rank that reads other
+    samples (another order, another split) is refused at the first micro-batch, on both ranks."""
+    results, _, _ = run_ranks(_misread_sample_ids, 2, out_dir=tmp_path, deadline=60)
+    for result in results:
+        assert result is not None and "error" in result
+        assert "micro-batch" in result["error"] and "same" in result["error"], result["error"]

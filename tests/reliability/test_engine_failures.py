@@ -136,9 +136,10 @@ def test_ranks_fed_in_their_own_order_are_refused_at_the_first_micro_batch(tmp_p
     first, second = run_scenarios(tmp_path, ["own_order", "own_augmentation"])
     assert first == second
     assert first["own_order"] == (
-        "StageMismatchError: micro-batch 0 has other targets on rank 0 (stages 0-1) than on rank 1 (stages 2-3): "
-        "every rank must be fed the same micro-batches in the same order (seed the data order alike on every rank, "
-        "e.g. DataLoader(..., generator=torch.Generator().manual_seed(0)))")
+        "StageMismatchError: micro-batch 0 has other samples (sample indices, or targets where ranks feed no "
+        "indices) on rank 0 (stages 0-1) than on rank 1 (stages 2-3): every rank must be fed the same micro-batches "
+        "in the same order (seed the data order alike on every rank, e.g. "
+        "DataLoader(..., generator=torch.Generator().manual_seed(0)))")
     assert first["own_augmentation"] is None
 
 

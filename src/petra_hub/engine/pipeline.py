@@ -207,6 +207,7 @@ class Pipeline(Readings):
         self._targets: dict[int, Any] = {}
         self._probes: dict[int, int | None] = {}  # probed micro-batch -> its size once fed
         self._input_spec: ActivationSpec | None = None
+        self._handshaken = False
         self._breaker = Breaker()
 
     # -- public API ---------------------------------------------------------------------------------------------------
@@ -224,18 +225,40 @@ class Pipeline(Readings):
         """Micro-batches fed into the accumulation group still open (0: the last `step` or `end_group` closed one)."""
         return self._fed_in_group
 
-    def step(self, inputs: Activation, targets: Any = None) -> list[tuple[int, torch.Tensor]]:
+    def step(self, inputs: Activation | None = None, targets: Any = None, *, batch_size: int | None = None,
+             sample_ids: torch.Tensor | None = None) -> list[tuple[int, torch.Tensor]]:
         """Feed one micro-batch and advance the schedule until the next one can enter.
+
+        Only the rank of stage 0 needs the `inputs`, and only the rank of the last stage the `targets`; a rank
+        without inputs gives the micro-batch's `batch_size`. `sample_ids` (the indices of its samples, a CPU tensor)
+        is what neighbouring ranks compare to check that they feed the same micro-batches, where every rank has
+        them; else they compare the digests of the targets where both have them.
 
         Returns the (micro_batch, loss) pairs that the last stage finished on this rank during these ticks.
         """
-        with self._guard_and_handshake(inputs):
-            return self._step(inputs, targets)
+        size = self._batch_size(inputs, batch_size)
+        with self._guard_and_handshake(inputs, feeding=True):
+            return self._step(inputs, targets, size, sample_ids)
 
-    def _step(self, inputs: Activation, targets: Any) -> list[tuple[int, torch.Tensor]]:
+    def _batch_size(self, inputs: Activation | None, batch_size: int | None) -> int:
+        if inputs is None:
+            if 0 in self.local:
+                raise ValueError(f"{self.describe_rank(self.rank)} runs stage 0 and needs the micro-batch's inputs")
+            if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+                raise ValueError(f"a micro-batch fed without inputs needs its batch_size (a positive int), got "
+                                 f"{batch_size!r}")
+            return batch_size
+        tensors = as_tuple(inputs)
+        size = tensors[0].shape[0] if tensors and torch.is_tensor(tensors[0]) and tensors[0].dim() else None
+        if batch_size is not None and size is not None and batch_size != size:
+            raise ValueError(f"batch_size={batch_size} but the inputs hold {size} samples")
+        return size
+
+    def _step(self, inputs: Activation | None, targets: Any, batch_size: int,
+              sample_ids: torch.Tensor | None) -> list[tuple[int, torch.Tensor]]:
         micro_batch = self.fed
         self.fed += 1
-        self.router.note_fed(micro_batch, inputs, targets)
+        self.router.note_fed(micro_batch, batch_size, targets if sample_ids is None else sample_ids)
         if micro_batch in self._probes:
             self._probes[micro_batch] = self.router.batch_sizes[micro_batch]
         if 0 in self.local:
@@ -406,18 +429,21 @@ class Pipeline(Readings):
         return Moment(kind, self.tick, self.tick - start_tick, self.fed - first, first, self._fed_in_group, extra)
 
     @contextlib.contextmanager
-    def _guard_and_handshake(self, inputs: Activation | None = None) -> Iterator[None]:
-        """Check `inputs` (a ValueError changes nothing), run the start-up handshake on the first ones, then the
-        block; any exception from the handshake on marks the pipeline broken."""
+    def _guard_and_handshake(self, inputs: Activation | None = None, feeding: bool = False) -> Iterator[None]:
+        """Check `inputs` (a ValueError changes nothing), run the start-up handshake on the first micro-batch fed
+        (`feeding`; only the rank of stage 0 needs its inputs), then the block; any exception from the handshake on
+        marks the pipeline broken."""
         self._breaker.check()
         spec = input_spec_of(inputs) if inputs is not None else None
         if spec is not None and self._input_spec is not None:
             check_same_spec(spec, self._input_spec)
         with self._breaker.guard(lambda: self.tick):
-            if spec is not None and self._input_spec is None:  # the first micro-batch: learn every boundary's shape
+            if (spec is not None or feeding) and not self._handshaken:  # learn every boundary's shape
                 settings = self._settings()
                 handshake(spec, self.stages, self.router, settings, self.group, self.job_group, self._global_ranks,
                           self.device, self.precision)
+                self._handshaken = True
+            if spec is not None and self._input_spec is None:
                 self._input_spec = spec
             yield
 

@@ -145,7 +145,8 @@ def check(left: Header | None, right: Header | None, left_rank: int, describe: C
             )
     if left.last_targets != right.last_targets:
         raise StageMismatchError(
-            f"micro-batch {left.fed - 1} has other targets on {names[0]} than on {names[1]}: every rank must be fed "
+            f"micro-batch {left.fed - 1} has other samples (sample indices, or targets where ranks feed no indices) "
+            f"on {names[0]} than on {names[1]}: every rank must be fed "
             "the same micro-batches in the same order (seed the data order alike on every rank, e.g. "
             "DataLoader(..., generator=torch.Generator().manual_seed(0)))"
         )

@@ -13,7 +13,13 @@ class Readings:
     `job_group`)."""
 
     @property
+    def has_first_stage(self) -> bool:
+        """Whether this rank runs stage 0: the one that needs a micro-batch's inputs."""
+        return 0 in self.local
+
+    @property
     def has_last_stage(self) -> bool:
+        """Whether this rank runs the last stage: the one that needs a micro-batch's targets."""
         return self.num_stages - 1 in self.local
 
     @property

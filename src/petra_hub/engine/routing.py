@@ -58,11 +58,12 @@ class Router:
         self.digests: dict[int, int | None] = {}  # micro-batch -> the digest of its targets
         self._mail: dict[tuple[int, str], dict[int, Any]] = defaultdict(dict)
 
-    def note_fed(self, micro_batch: int, inputs: Activation, targets: Any) -> None:
-        """A micro-batch fed: its size and, where ranks swap headers, the digest of its targets (`digest`)."""
-        self.batch_sizes[micro_batch] = as_tuple(inputs)[0].shape[0]
+    def note_fed(self, micro_batch: int, batch_size: int, key: Any) -> None:
+        """A micro-batch fed: its size and, where ranks swap headers, the digest of what identifies it (`digest`:
+        its sample indices, or its targets)."""
+        self.batch_sizes[micro_batch] = batch_size
         if self.transport is not None:
-            self.digests[micro_batch] = targets_digest(targets)
+            self.digests[micro_batch] = targets_digest(key)
 
     def forget_fed(self) -> None:
         """After a drain: every micro-batch fed has crossed every boundary."""
