@@ -42,8 +42,9 @@ def repeated_first_batch(collator, dataset, size: int):
     return split_batch(collator((items * size)[:size]))
 
 
-def check_first_batch(model, collator, dataset, what: str = "train_dataset") -> None:
-    """Fail before any work if the collated batch does not fit the model (keys, image shape, channels, labels)."""
+def check_first_batch(model, collator, dataset, what: str = "train_dataset") -> dict:
+    """Fail before any work if the collated batch does not fit the model (keys, image shape, channels, labels);
+    returns that batch (of the first items)."""
     items = first_items(dataset)
     if not items:
         raise ValueError(f"{what} is empty")
@@ -83,6 +84,7 @@ def check_first_batch(model, collator, dataset, what: str = "train_dataset") -> 
             f"labels must lie in [0, {num_labels - 1}] ({IGNORE_INDEX} marks an image the loss ignores), got "
             f"{labels.tolist()} in the first items of {what}"
         )
+    return batch
 
 
 def _unlabelled_item(items: list, label_column: str | None = None) -> tuple[int, str] | None:

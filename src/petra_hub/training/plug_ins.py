@@ -18,7 +18,7 @@ from transformers import PreTrainedModel, Trainer
 from transformers.modeling_outputs import ImageClassifierOutput
 
 from ..models.loading_checks import IGNORE_INDEX
-from .distributed import all_reduce_sum, world_size
+from .distributed import all_reduce_sum
 
 _PER_STAGE_OPTIMIZERS = (
     "every pipeline stage has its own optimizer and LR scheduler, built per stage from TrainingArguments (optim, "
@@ -103,24 +103,27 @@ def items_in(labels: torch.Tensor) -> int:
     return int(labels.ne(IGNORE_INDEX).sum())
 
 
-def with_step_labels(batches: Iterable[dict], args) -> Iterator[dict]:
-    """The batches of an epoch (read from a step's first micro-batch on), their labels wrapped in `StepLabels`: each
-    step's k micro-batches (fewer at the epoch's end) are read ahead, as Trainer's `get_batch_samples` does. With
-    `petra_data_parallel` D > 1 and `average_tokens_across_devices` (Trainer's default), the items are counted over
-    the D replicas (a collective: every process reads its steps at the same points), as Trainer counts them over its
-    DDP processes."""
+def with_step_labels(batches: Iterable, args, counts: bool) -> Iterator:
+    """The micro-batches of an epoch (`MicroBatch`es, read from a step's first on), their labels wrapped in
+    `StepLabels` where this rank has them: each step's k micro-batches (fewer at the epoch's end) are read ahead, as
+    Trainer's `get_batch_samples` does. `counts`: whether this rank's items are the step's, that is whether it
+    runs the last stage (the one rank of a replica whose loss reads them). With `petra_data_parallel` D > 1 and
+    `average_tokens_across_devices` (Trainer's default), the items are counted over the D replicas (a collective:
+    every process reads its steps at the same points, each adding its replica's items if it counts them), as
+    Trainer counts them over its DDP processes."""
     replicas = args.petra_data_parallel if args.average_tokens_across_devices else 1
-    group: list[dict] = []
+    group: list = []
     for batch in chain(batches, [None]):
         if batch is not None:
             group.append(batch)
         if len(group) == args.gradient_accumulation_steps or (batch is None and group):
-            items = sum(items_in(member["labels"]) for member in group)
-            if replicas > 1:  # every process of a replica counted the same items
-                counts = all_reduce_sum(torch.tensor([items], dtype=torch.float64))
-                items = round(float(counts[0]) * replicas / world_size())
+            items = sum(items_in(member.labels) for member in group) if counts else 0
+            if replicas > 1:  # the last stage's rank of each replica adds its items
+                items = round(float(all_reduce_sum(torch.tensor([items], dtype=torch.float64))[0]))
             for member in group:
-                yield {**member, "labels": StepLabels(member["labels"], items, len(group) * replicas)}
+                if member.labels is not None:
+                    member.labels = StepLabels(member.labels, items, len(group) * replicas)
+                yield member
             group = []
 
 

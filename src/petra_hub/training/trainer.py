@@ -27,7 +27,7 @@ from ..engine import Pipeline, PipelineError, group_sizes, merge_stages, replica
 from ..engine.optim import decayed_by_the_paper
 from .arguments import PetraTrainingArguments
 from .agreement import agreed_control, check_ranks_agree, from_rank_zero
-from .batches import check_all_labels, check_first_batch, data_seed, dataset_label, epoch_batches, make_loader
+from .batches import check_all_labels, check_first_batch, data_seed, dataset_label, make_loader
 from .batches import labels_digest, plan_steps, repeated_first_batch, split_batch
 from .card import name_labels, save_run_folder, write_run_card
 from .card_data import record_evaluation
@@ -37,6 +37,7 @@ from .checkpoint import copy_repository_files, pushes_now, write_checkpoint
 from .distributed import broadcast_module, check_same_run, check_shared_output_dir, process_rank
 from .distributed import raise_on_every_rank, world_size
 from .evaluation import eval_set_named, run_inference
+from .feeding import MicroBatch, log_reading, rank_batches, reading_for
 from .fidelity import GradientFidelityCallback
 from .guards import RunLock, check_and_lock_output_dir, check_finite
 from .losses import LossWindow, PendingLosses, collect, training_logs
@@ -172,7 +173,8 @@ class PetraTrainer(Trainer):
         args = self.args
         self.stages = self._make_stages()  # model_init may have built a new model
         loader = self.get_train_dataloader()
-        check_first_batch(self.model, loader.collate_fn, loader.dataset)
+        first_pixels, first_labels = split_batch(check_first_batch(self.model, loader.collate_fn, loader.dataset))
+        self._sample_shape = tuple(first_pixels.shape[1:])
         if args.petra_partition == "auto" or args.memory_budget_bytes() is not None:  # measured on it
             micro_batch = args.per_device_train_batch_size
             self._profile_batch = repeated_first_batch(loader.collate_fn, loader.dataset, micro_batch)
@@ -211,6 +213,9 @@ class PetraTrainer(Trainer):
         for callback in self.callback_handler.callbacks:  # those that read the pipeline (GradientFidelityCallback)
             if hasattr(callback, "bind_trainer"):
                 callback.bind_trainer(self)
+        self._reading = reading_for(self.pipeline.has_first_stage, self.pipeline.has_last_stage, loader, labels,
+                                    first_labels)
+        log_reading(self._reading, process_rank())
         if resume_from_checkpoint is not None:
             load_stage_states(resume_from_checkpoint, self.pipeline)
             self.pipeline.resume_after(self.state.global_step)  # a synchronous start those steps made is over
@@ -232,10 +237,10 @@ class PetraTrainer(Trainer):
             if offset == 0:
                 self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
             fed_this_epoch, stopped = offset, False
-            batches = epoch_batches(loader, self.train_dataset, epoch, offset, self.replica, args.petra_data_parallel,
-                                    data_seed(args))
+            batches = rank_batches(loader, self.train_dataset, self._reading, epoch, offset, self.replica,
+                                   args.petra_data_parallel, data_seed(args))
             if self.compute_loss_func is not None:  # its num_items_in_batch counts the whole step's items
-                batches = with_step_labels(batches, args)
+                batches = with_step_labels(batches, args, counts=self.pipeline.has_last_stage)
             for batch in batches:
                 if self.pipeline.fed_in_group == 0:
                     self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
@@ -297,11 +302,15 @@ class PetraTrainer(Trainer):
         finally:
             self._lock.release()
 
-    def _feed(self, batch) -> None:
-        pixel_values, labels = split_batch(batch)
-        losses = self.pipeline.step(pixel_values, labels)
-        self._pending.add(losses, len(pixel_values) * self.args.petra_data_parallel)
-        self.current_flos += float(self.floating_point_ops(batch))
+    def _feed(self, micro: MicroBatch) -> None:
+        """One micro-batch into the pipeline, with what this rank read of it (`feeding`)."""
+        losses = self.pipeline.step(micro.pixel_values if self.pipeline.has_first_stage else None, micro.labels,
+                                    batch_size=micro.size, sample_ids=micro.sample_ids)
+        self._pending.add(losses, micro.size * self.args.petra_data_parallel)
+        # the same count on every rank: a rank that read no images counts images of the shape the first rank reads
+        images = micro.batch if micro.batch is not None else {
+            "pixel_values": torch.empty((micro.size, *self._sample_shape), device="meta")}
+        self.current_flos += float(self.floating_point_ops(images))
         self._micro_batches_fed += 1
         self._model_synced = False
 

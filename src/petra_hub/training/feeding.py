@@ -1,0 +1,95 @@
+"""What each rank reads of the training data: the rank of stage 0 the images, the rank of the last stage the labels,
+a rank between them nothing but the order.
+
+Every rank draws the same order (`EpochSampler`, seeded alike) and hands the engine each micro-batch's sample
+indices, whose digest neighbouring ranks compare. Only a rank that runs stage 0 iterates the DataLoader (decoding,
+augmenting and collating, with its workers and pinned memory). The rank of the last stage takes the labels of the
+batch's indices from the label column the checks read before training (`check_all_labels`), without loading an
+image; where a data set has no such column (a plain torch `Dataset` without a `labels` tensor), or its collated
+labels are not the column's, that rank loads the items as the first does and says why, once. A stream
+(`IterableDataset`) has no indices to share and cannot be read twice in the same order: every rank iterates it as
+before, and neighbours compare the targets.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import DataLoader
+
+from .batches import epoch_batches, split_batch
+from .sampler import EpochSampler
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class MicroBatch:
+    """One micro-batch as a rank has it: what it read (None where it reads nothing) and what every rank knows."""
+
+    size: int
+    sample_ids: torch.Tensor | None  # None for a stream
+    pixel_values: torch.Tensor | None = None
+    labels: torch.Tensor | None = None
+    batch: dict | None = None  # the collated batch, where this rank loaded the items
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What a rank reads: the items (`images`: the DataLoader's collated batches), or only the labels from
+    `labels` (a tensor indexed by sample), or nothing; `why` says why a rank that needs labels alone loads the
+    items."""
+
+    images: bool
+    labels: torch.Tensor | None = None
+    why: str | None = None
+
+
+def reading_for(runs_first: bool, runs_last: bool, loader: DataLoader, labels: torch.Tensor | None,
+                first_labels: torch.Tensor | None) -> Reading:
+    """What a rank that runs stage 0 (`runs_first`) and/or the last stage (`runs_last`) reads. `labels`: the train
+    set's labels read without loading items (None where there are none); `first_labels`: the collated labels of
+    its first items, which the column must reproduce (values and dtype) to stand in for them."""
+    if runs_first or not isinstance(loader.sampler, EpochSampler):
+        return Reading(images=True)
+    if not runs_last:
+        return Reading(images=False)
+    if labels is None:
+        return Reading(images=True, why="its labels cannot be read without loading the items (give the data set a "
+                                        "`labels` tensor, or use a `datasets.Dataset` with a label column)")
+    expected = labels[: len(first_labels)] if first_labels is not None else None
+    if first_labels is None or expected.dtype != first_labels.dtype or not torch.equal(expected, first_labels):
+        return Reading(images=True, why="its collator's labels differ from the data set's label column")
+    return Reading(images=False, labels=labels)
+
+
+def rank_batches(loader: DataLoader, dataset, reading: Reading, epoch: int, offset: int, replica: int,
+                 replicas: int, seed: int) -> Iterator[MicroBatch]:
+    """This rank's micro-batches of `epoch`, from the `offset`-th on, reading what `reading` says."""
+    if not isinstance(loader.sampler, EpochSampler):  # a stream: every rank reads it, and has no indices
+        for batch in epoch_batches(loader, dataset, epoch, offset, replica, replicas, seed):
+            pixel_values, labels = split_batch(batch)
+            yield MicroBatch(len(pixel_values), None, pixel_values, labels, batch)
+        return
+    if reading.images:
+        batches = epoch_batches(loader, dataset, epoch, offset, replica, replicas, seed)  # positions the sampler
+        for indices, batch in zip(loader.batch_sampler, batches):
+            pixel_values, labels = split_batch(batch)
+            yield MicroBatch(len(indices), torch.tensor(indices), pixel_values, labels, batch)
+        return
+    if hasattr(dataset, "set_epoch"):
+        dataset.set_epoch(epoch)
+    loader.sampler.set_epoch(epoch, start=offset * loader.batch_size)
+    for indices in loader.batch_sampler:
+        ids = torch.tensor(indices)
+        labels = reading.labels[ids] if reading.labels is not None else None
+        yield MicroBatch(len(indices), ids, labels=labels)
+
+
+def log_reading(reading: Reading, rank: int) -> None:
+    """Say once why a rank that needs the labels alone loads the items."""
+    if reading.why is not None:
+        logger.warning("rank %d runs the last stage and loads every item of the train set: %s", rank, reading.why)

@@ -1,0 +1,77 @@
+"""Each rank reads only what its stages need: the rank of stage 0 loads the items, the rank of the last stage reads
+the labels column, a rank between them loads nothing; the weights are those one process trains."""
+
+import torch
+from torch.utils.data import Dataset
+
+from petra_hub.data import load_image_dataset, take
+from petra_hub.testing.ranks import run_ranks
+from tests.training.test_multiprocess import as_launched
+from tests.training.test_trainer import make_trainer
+
+STEPS, MICRO_BATCH, K = 6, 8, 2  # make_trainer's
+
+
+class Counted(Dataset):
+    """A built-in data set that counts the items loaded from it (its epochs' augmentation seeds, `set_epoch`, and
+    its description kept); without `with_labels`, it hides its labels column."""
+
+    def __init__(self, base, with_labels: bool = True):
+        self.base, self.loaded, self.with_labels = base, 0, with_labels
+        self.info, self.set_epoch = base.info, base.set_epoch
+
+    @property
+    def labels(self):
+        if not self.with_labels:
+            raise AttributeError("labels")
+        return self.base.labels
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, index):
+        self.loaded += 1
+        return self.base[index]
+
+
+def train_set():
+    return take(load_image_dataset("digits", "train"), 64)
+
+
+def _train(rank, world_size, folder, with_labels):
+    as_launched(rank, world_size)
+    data = Counted(train_set(), with_labels)
+    trainer = make_trainer(folder, train=data, max_steps=STEPS, petra_partition="4,3,3")
+    trainer.train()
+    return {"loaded": data.loaded, "why": trainer._reading.why,
+            "state": {k: v.clone() for k, v in trainer.model.state_dict().items()}}
+
+
+def one_process_state(folder):
+    trainer = make_trainer(folder, train=train_set(), max_steps=STEPS)
+    trainer.train()
+    return trainer.model.state_dict()
+
+
+def test_only_the_first_rank_loads_items_and_three_ranks_train_what_one_does(tmp_path):
+    results, _, _ = run_ranks(_train, 3, str(tmp_path / "three"), True, deadline=240)
+    assert all(r is not None and "value" in r for r in results), [r and r.get("traceback") for r in results]
+    first, middle, last = (r["value"] for r in results)
+    checked = 2  # the first items, which every rank collates to check them against the model before training
+    assert first["loaded"] == checked + STEPS * K * MICRO_BATCH
+    assert middle["loaded"] == last["loaded"] == checked
+    assert first["why"] is middle["why"] is last["why"] is None
+    expected = one_process_state(tmp_path / "one")
+    for value in (first, middle, last):
+        assert all(torch.equal(value["state"][name], expected[name]) for name in expected)
+
+
+def test_without_a_labels_column_the_last_rank_loads_the_items_and_says_why(tmp_path):
+    results, _, _ = run_ranks(_train, 3, str(tmp_path / "three"), False, deadline=240)
+    assert all(r is not None and "value" in r for r in results), [r and r.get("traceback") for r in results]
+    first, middle, last = (r["value"] for r in results)
+    assert first["loaded"] == last["loaded"] == 2 + STEPS * K * MICRO_BATCH and middle["loaded"] == 2
+    assert "its labels cannot be read without loading the items" in last["why"]
+    assert first["why"] is middle["why"] is None
+    expected = one_process_state(tmp_path / "one")
+    assert all(torch.equal(last["state"][name], expected[name]) for name in expected)
