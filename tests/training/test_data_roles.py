@@ -47,6 +47,21 @@ def _train(rank, world_size, folder, with_labels):
             "state": {k: v.clone() for k, v in trainer.model.state_dict().items()}}
 
 
+def _evaluate_and_predict(rank, world_size, folder):
+    if world_size > 1:
+        as_launched(rank, world_size)
+    trainer = make_trainer(folder, max_steps=2, petra_partition="4,3,3" if world_size == 3 else None)
+    trainer.train()
+    test = trainer.eval_dataset
+    counted = Counted(test)
+    metrics = trainer.evaluate(counted)
+    evaluated = counted.loaded
+    prediction = trainer.predict(counted)
+    return {"evaluated": evaluated, "predicted": counted.loaded - evaluated, "accuracy": metrics["eval_accuracy"],
+            "loss": metrics["eval_loss"], "logits": torch.as_tensor(prediction.predictions),
+            "labels": torch.as_tensor(prediction.label_ids)}
+
+
 def one_process_state(folder):
     trainer = make_trainer(folder, train=train_set(), max_steps=STEPS)
     trainer.train()
@@ -75,3 +90,17 @@ def test_without_a_labels_column_the_last_rank_loads_the_items_and_says_why(tmp_
     assert first["why"] is middle["why"] is None
     expected = one_process_state(tmp_path / "one")
     assert all(torch.equal(last["state"][name], expected[name]) for name in expected)
+
+
+def test_evaluation_and_prediction_read_items_on_the_first_rank_alone_and_agree_with_one_process(tmp_path):
+    results, _, _ = run_ranks(_evaluate_and_predict, 3, str(tmp_path / "three"), deadline=240)
+    assert all(r is not None and "value" in r for r in results), [r and r.get("traceback") for r in results]
+    first, middle, last = (r["value"] for r in results)
+    size = 40  # make_trainer's test set
+    assert first["evaluated"] == first["predicted"] == size
+    assert middle["evaluated"] == middle["predicted"] == 0
+    assert last["evaluated"] == last["predicted"] == 2  # its first items: whether its batches carry labels
+    one = _evaluate_and_predict(0, 1, str(tmp_path / "one"))
+    for value in (first, middle, last):
+        assert (value["accuracy"], value["loss"]) == (one["accuracy"], one["loss"])
+        assert torch.equal(value["logits"], one["logits"]) and torch.equal(value["labels"], one["labels"])

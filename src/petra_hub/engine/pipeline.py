@@ -340,11 +340,13 @@ class Pipeline(Readings):
         return losses
 
     @torch.no_grad()
-    def infer(self, inputs: Activation) -> Any:
+    def infer(self, inputs: Activation | None = None, *, batch_size: int | None = None) -> Any:
         """Forward one batch through all stages in eval mode (running statistics), without touching training
-        state. Every rank passes the same `inputs`; the rank of the last stage gets the outputs, others None."""
-        with self._guard_and_handshake(inputs), evaluating([self.stages[index] for index in self.local]):
-            batch = as_tuple(inputs)[0].shape[0]
+        state. Only the rank of stage 0 needs the `inputs` (the same on every rank that passes them); a rank without
+        them gives the `batch_size`. The rank of the last stage gets the outputs, others None."""
+        batch = self._batch_size(inputs, batch_size)
+        with self._guard_and_handshake(inputs, feeding=True), \
+                evaluating([self.stages[index] for index in self.local]):
             if self.local.start == 0:
                 value = to_device(inputs, self.device)
             else:

@@ -14,7 +14,6 @@ import torch
 from transformers.trainer_utils import EvalPrediction, denumpify_detensorize, speed_metrics
 
 from ..engine import Pipeline, PipelineError, broadcast_json, broadcast_tensors
-from .batches import split_batch
 from .distributed import together, world_size
 
 
@@ -35,24 +34,25 @@ class InferenceResult:
 
 def run_inference(
     pipeline: Pipeline,
-    loader,
+    batches,
     loss_fn: Callable,
     compute_metrics: Callable | None,
     prefix: str,
     preprocess_logits: Callable | None = None,
     keep_outputs: bool = False,
 ) -> InferenceResult:
-    """Forward every batch of `loader` in eval mode; metrics (and, with `keep_outputs`, logits and labels) are known
-    on every rank afterwards. `preprocess_logits(logits, labels)` (Trainer's `preprocess_logits_for_metrics`)
+    """Forward every batch of `batches` (`feeding.MicroBatch`es: the images where this rank runs stage 0, the
+    labels where it runs the last stage) in eval mode; metrics (and, with `keep_outputs`, logits and labels) are
+    known on every rank afterwards. `preprocess_logits(logits, labels)` (Trainer's `preprocess_logits_for_metrics`)
     turns each batch's logits into what is kept for `compute_metrics` and returned (a tensor, or a tuple of tensors,
     each concatenated over the batches, as Trainer does); the loss sees the logits."""
     start = time.time()
-    logits, labels, loss_sum, seen, batches = [], [], 0.0, 0, 0
-    for batch in loader:
-        pixel_values, batch_labels = split_batch(batch)
-        outputs = pipeline.infer(pixel_values)
-        seen += len(pixel_values)
-        batches += 1
+    logits, labels, loss_sum, seen, count = [], [], 0.0, 0, 0
+    for batch in batches:
+        batch_labels = batch.labels
+        outputs = pipeline.infer(batch.pixel_values if pipeline.has_first_stage else None, batch_size=batch.size)
+        seen += batch.size
+        count += 1
         if outputs is not None:
             outputs = outputs.detach().float().cpu()
             if batch_labels is not None:
@@ -71,7 +71,7 @@ def run_inference(
     if world_size() > 1:
         with together(f"receive the {prefix} results from the last stage's process"):
             result = shared_result(result, pipeline.last_stage_rank, seen)
-    result.metrics.update(speed_metrics(prefix, start, num_samples=seen, num_steps=batches))
+    result.metrics.update(speed_metrics(prefix, start, num_samples=seen, num_steps=count))
     result.metrics = denumpify_detensorize(result.metrics)  # as Trainer: numpy and torch numbers become Python's
     return result
 

@@ -13,6 +13,7 @@ before, and neighbours compare the targets.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -50,12 +51,13 @@ class Reading:
 
 def reading_for(runs_first: bool, runs_last: bool, loader: DataLoader, labels: torch.Tensor | None,
                 first_labels: torch.Tensor | None) -> Reading:
-    """What a rank that runs stage 0 (`runs_first`) and/or the last stage (`runs_last`) reads. `labels`: the train
+    """What a rank that runs stage 0 (`runs_first`) and/or the last stage (`runs_last`) reads. `labels`: the data
     set's labels read without loading items (None where there are none); `first_labels`: the collated labels of
-    its first items, which the column must reproduce (values and dtype) to stand in for them."""
+    its first items, which the column must reproduce (values and dtype) to stand in for them (None: its batches
+    carry no labels, as a set to predict may not, and the last stage needs none)."""
     if runs_first or not isinstance(loader.sampler, EpochSampler):
         return Reading(images=True)
-    if not runs_last:
+    if not runs_last or first_labels is None:
         return Reading(images=False)
     if labels is None:
         return Reading(images=True, why="its labels cannot be read without loading the items (give the data set a "
@@ -89,7 +91,25 @@ def rank_batches(loader: DataLoader, dataset, reading: Reading, epoch: int, offs
         yield MicroBatch(len(indices), ids, labels=labels)
 
 
-def log_reading(reading: Reading, rank: int) -> None:
+def inference_batches(loader: DataLoader, reading: Reading) -> Iterator[MicroBatch]:
+    """The batches of an evaluation or a prediction (no epochs, no shuffling), reading what `reading` says."""
+    if reading.images or not isinstance(loader.sampler, EpochSampler):
+        indexed = isinstance(loader.sampler, EpochSampler)
+        if indexed:
+            loader.sampler.set_epoch(0)
+        index_batches = loader.batch_sampler if indexed else itertools.repeat(None)
+        for indices, batch in zip(index_batches, loader):
+            pixel_values, labels = split_batch(batch)
+            yield MicroBatch(len(pixel_values), None if indices is None else torch.tensor(indices), pixel_values,
+                             labels, batch)
+        return
+    loader.sampler.set_epoch(0)
+    for indices in loader.batch_sampler:
+        ids = torch.tensor(indices)
+        yield MicroBatch(len(indices), ids, labels=reading.labels[ids] if reading.labels is not None else None)
+
+
+def log_reading(reading: Reading, rank: int, what: str = "the train set") -> None:
     """Say once why a rank that needs the labels alone loads the items."""
     if reading.why is not None:
-        logger.warning("rank %d runs the last stage and loads every item of the train set: %s", rank, reading.why)
+        logger.warning("rank %d runs the last stage and loads every item of %s: %s", rank, what, reading.why)

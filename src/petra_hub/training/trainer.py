@@ -28,7 +28,7 @@ from ..engine.optim import decayed_by_the_paper
 from .arguments import PetraTrainingArguments
 from .agreement import agreed_control, check_ranks_agree, from_rank_zero
 from .batches import check_all_labels, check_first_batch, data_seed, dataset_label, make_loader
-from .batches import labels_digest, plan_steps, repeated_first_batch, split_batch
+from .batches import first_items, labels_digest, plan_steps, repeated_first_batch, split_batch
 from .card import name_labels, save_run_folder, write_run_card
 from .card_data import record_evaluation
 from .checkpoint import PetraState, checkpoint_to_resume, end_with_the_best, load_stage_states, load_trainer_state
@@ -37,7 +37,7 @@ from .checkpoint import copy_repository_files, pushes_now, write_checkpoint
 from .distributed import broadcast_module, check_same_run, check_shared_output_dir, process_rank
 from .distributed import raise_on_every_rank, world_size
 from .evaluation import eval_set_named, run_inference
-from .feeding import MicroBatch, log_reading, rank_batches, reading_for
+from .feeding import MicroBatch, Reading, inference_batches, log_reading, rank_batches, reading_for
 from .fidelity import GradientFidelityCallback
 from .guards import RunLock, check_and_lock_output_dir, check_finite
 from .losses import LossWindow, PendingLosses, collect, training_logs
@@ -430,8 +430,28 @@ class PetraTrainer(Trainer):
 
     def _infer(self, loader, prefix: str, keep_outputs: bool):
         self._sync_model()
-        return run_inference(self._pipeline_for_inference(), loader, loss_function(self), self.compute_metrics, prefix,
+        pipeline = self._pipeline_for_inference()
+        batches = inference_batches(loader, self._inference_reading(loader, pipeline, prefix))
+        return run_inference(pipeline, batches, loss_function(self), self.compute_metrics, prefix,
                              self.preprocess_logits_for_metrics, keep_outputs)
+
+    def _inference_reading(self, loader, pipeline: Pipeline, prefix: str) -> Reading:
+        """What this rank reads of an evaluated or predicted set (`feeding`): its labels column, and whether its
+        batches carry labels, are read from the set and its first items, never from all of them."""
+        if pipeline.has_first_stage or not pipeline.has_last_stage:
+            return reading_for(pipeline.has_first_stage, pipeline.has_last_stage, loader, None, None)
+        items = first_items(loader.dataset)
+        first_labels = split_batch(loader.collate_fn(items))[1] if items else None
+        try:
+            labels = check_all_labels(loader.dataset, self.model.config.num_labels, f"the {prefix} set",
+                                      collator=self.data_collator, problem_type=self.model.config.problem_type) \
+                if first_labels is not None else None
+        except ValueError as error:  # the labels as loaded are what the metrics have always seen
+            reading = Reading(images=True, why=f"its label column cannot stand in for its items ({error})")
+        else:
+            reading = reading_for(False, True, loader, labels, first_labels)
+        log_reading(reading, process_rank(), f"the {prefix} set")
+        return reading
 
     # -- saving -------------------------------------------------------------------------------------------------------
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
