@@ -69,3 +69,17 @@ def affinity_main(r, arg=None):
             for row in need(r, "rows")]  # fmt: skip
     return table(["PETRA setting", "free: ms per micro-batch (median)", "bound", "speed bound / free (paired median)",
                   "operations' mean / median, free (rank 0 / 1)", "bound"], rows, "lrrrrr")
+
+
+@renders("data_reading", "main")
+def data_reading_main(r, arg=None):
+    """Per data set, way of reading and process: what producing the micro-batches cost, and the run's speed."""
+    names = {"imagenet32": "ImageNet32 npz", "imagenet": "PNG folder"}
+    rows = []
+    for row in r["rows"]:
+        for rank in row["ranks"]:
+            rows.append([names.get(row["data"], row["data"]), row["way"], rank["rank"], f"{rank['data_cpu_s']:.1f}",
+                         f"{rank['cpu_s']:.1f}", f"{rank['peak_rss_mib']:.0f}",
+                         f"{row['images_per_s']:.0f}" if rank["rank"] == 0 else ""])
+    header = ["data", "who reads", "process", "data CPU s", "all CPU s", "peak RSS MiB", "images/s (run)"]
+    return table(header, rows, "llrrrrr")
