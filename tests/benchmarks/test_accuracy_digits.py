@@ -56,3 +56,13 @@ def test_revnet34_is_the_recipe_widths_with_resnet34_depths_at_the_papers_learni
     model_args, _, args = recipe.parse(benchmark.recipe_argv("petra", 1, 0, 12, "out", model="revnet34"))
     assert model_args.model == "revnet34" and model_args.hidden_sizes == "16,32,64,128"
     assert args.petra_scale_lr and args.micro_batch_learning_rate() == 0.4 * 32 / 256
+
+
+def test_runs_in_parallel_processes_give_the_accuracies_of_runs_in_this_one(tmp_path):
+    benchmark = load("accuracy_digits")
+    argv = ["--configs", "backprop", "petra-k1+predict-half", "--seeds", "0", "--epochs", "0.1", "--num-stages", "4"]
+    alone = benchmark.main(argv + ["--out", str(tmp_path / "alone.json")])
+    parallel = benchmark.main(argv + ["--jobs", "2", "--out", str(tmp_path / "parallel.json")])
+    assert parallel["settings"]["jobs"] == 2
+    assert [(r["mode"], r["remedy"], r["num_stages"], r["test_accuracy"], r["test_loss"]) for r in parallel["runs"]] \
+        == [(r["mode"], r["remedy"], r["num_stages"], r["test_accuracy"], r["test_loss"]) for r in alone["runs"]]

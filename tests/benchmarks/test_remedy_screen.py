@@ -17,7 +17,7 @@ def test_each_line_runs_with_its_flags_and_is_paired_with_the_baseline(tmp_path)
     screen = load("remedy_screen")
     plan = tmp_path / "plan.txt"
     plan.write_text(PLAN)
-    result = screen.main([str(plan), "--jobs", "2", "--fidelity-every", "2", "--baseline", "backprop", "--out",
+    result = screen.main([str(plan), "--jobs", "3", "--fidelity-every", "2", "--baseline", "backprop", "--out",
                           str(tmp_path / "screen.json")])
     assert json.loads((tmp_path / "screen.json").read_text())["rows"] == json.loads(json.dumps(result["rows"]))
     base, same, fast = result["runs"]

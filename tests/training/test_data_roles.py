@@ -38,47 +38,43 @@ def train_set():
     return take(load_image_dataset("digits", "train"), 64)
 
 
-def _train(rank, world_size, folder, with_labels):
-    as_launched(rank, world_size)
-    data = Counted(train_set(), with_labels)
-    trainer = make_trainer(folder, train=data, max_steps=STEPS, petra_partition="4,3,3")
-    trainer.train()
-    return {"loaded": data.loaded, "why": trainer._reading.why,
-            "state": {k: v.clone() for k, v in trainer.model.state_dict().items()}}
-
-
-def _evaluate_and_predict(rank, world_size, folder):
+def _train(rank, world_size, folder, with_labels, then_infer=False):
+    """Train on a counted set; with `then_infer`, also evaluate on and predict a counted test set."""
     if world_size > 1:
         as_launched(rank, world_size)
-    trainer = make_trainer(folder, max_steps=2, petra_partition="4,3,3" if world_size == 3 else None)
+    data = Counted(train_set(), with_labels)
+    trainer = make_trainer(folder, train=data, max_steps=STEPS, petra_partition="4,3,3" if world_size == 3 else None)
     trainer.train()
-    test = trainer.eval_dataset
-    counted = Counted(test)
-    metrics = trainer.evaluate(counted)
-    evaluated = counted.loaded
-    prediction = trainer.predict(counted)
-    return {"evaluated": evaluated, "predicted": counted.loaded - evaluated, "accuracy": metrics["eval_accuracy"],
-            "loss": metrics["eval_loss"], "logits": torch.as_tensor(prediction.predictions),
-            "labels": torch.as_tensor(prediction.label_ids)}
+    result = {"loaded": data.loaded, "why": trainer._reading.why,
+              "state": {k: v.clone() for k, v in trainer.model.state_dict().items()}}
+    if then_infer:
+        counted = Counted(trainer.eval_dataset)
+        metrics = trainer.evaluate(counted)
+        evaluated = counted.loaded
+        prediction = trainer.predict(counted)
+        result.update(evaluated=evaluated, predicted=counted.loaded - evaluated, accuracy=metrics["eval_accuracy"],
+                      loss=metrics["eval_loss"], logits=torch.as_tensor(prediction.predictions),
+                      labels=torch.as_tensor(prediction.label_ids))
+    return result
 
 
-def one_process_state(folder):
-    trainer = make_trainer(folder, train=train_set(), max_steps=STEPS)
-    trainer.train()
-    return trainer.model.state_dict()
-
-
-def test_only_the_first_rank_loads_items_and_three_ranks_train_what_one_does(tmp_path):
-    results, _, _ = run_ranks(_train, 3, str(tmp_path / "three"), True, deadline=240)
+def test_only_the_first_rank_loads_items_and_three_ranks_train_evaluate_and_predict_as_one_does(tmp_path):
+    results, _, _ = run_ranks(_train, 3, str(tmp_path / "three"), True, True, deadline=240)
     assert all(r is not None and "value" in r for r in results), [r and r.get("traceback") for r in results]
     first, middle, last = (r["value"] for r in results)
     checked = 2  # the first items, which every rank collates to check them against the model before training
     assert first["loaded"] == checked + STEPS * K * MICRO_BATCH
     assert middle["loaded"] == last["loaded"] == checked
     assert first["why"] is middle["why"] is last["why"] is None
-    expected = one_process_state(tmp_path / "one")
+    size = 40  # make_trainer's test set
+    assert first["evaluated"] == first["predicted"] == size
+    assert middle["evaluated"] == middle["predicted"] == 0
+    assert last["evaluated"] == last["predicted"] == 2  # its first items: whether its batches carry labels
+    one = _train(0, 1, str(tmp_path / "one"), True, True)
     for value in (first, middle, last):
-        assert all(torch.equal(value["state"][name], expected[name]) for name in expected)
+        assert all(torch.equal(value["state"][name], one["state"][name]) for name in one["state"])
+        assert (value["accuracy"], value["loss"]) == (one["accuracy"], one["loss"])
+        assert torch.equal(value["logits"], one["logits"]) and torch.equal(value["labels"], one["labels"])
 
 
 def test_without_a_labels_column_the_last_rank_loads_the_items_and_says_why(tmp_path):
@@ -88,19 +84,4 @@ def test_without_a_labels_column_the_last_rank_loads_the_items_and_says_why(tmp_
     assert first["loaded"] == last["loaded"] == 2 + STEPS * K * MICRO_BATCH and middle["loaded"] == 2
     assert "its labels cannot be read without loading the items" in last["why"]
     assert first["why"] is middle["why"] is None
-    expected = one_process_state(tmp_path / "one")
-    assert all(torch.equal(last["state"][name], expected[name]) for name in expected)
-
-
-def test_evaluation_and_prediction_read_items_on_the_first_rank_alone_and_agree_with_one_process(tmp_path):
-    results, _, _ = run_ranks(_evaluate_and_predict, 3, str(tmp_path / "three"), deadline=240)
-    assert all(r is not None and "value" in r for r in results), [r and r.get("traceback") for r in results]
-    first, middle, last = (r["value"] for r in results)
-    size = 40  # make_trainer's test set
-    assert first["evaluated"] == first["predicted"] == size
-    assert middle["evaluated"] == middle["predicted"] == 0
-    assert last["evaluated"] == last["predicted"] == 2  # its first items: whether its batches carry labels
-    one = _evaluate_and_predict(0, 1, str(tmp_path / "one"))
-    for value in (first, middle, last):
-        assert (value["accuracy"], value["loss"]) == (one["accuracy"], one["loss"])
-        assert torch.equal(value["logits"], one["logits"]) and torch.equal(value["labels"], one["labels"])
+    assert all(torch.equal(last["state"][name], first["state"][name]) for name in first["state"])
