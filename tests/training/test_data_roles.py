@@ -85,3 +85,26 @@ def test_without_a_labels_column_the_last_rank_loads_the_items_and_says_why(tmp_
     assert "its labels cannot be read without loading the items" in last["why"]
     assert first["why"] is middle["why"] is None
     assert all(torch.equal(last["state"][name], first["state"][name]) for name in first["state"])
+
+
+def test_what_each_rank_reads_follows_its_stages_and_the_labels_column():
+    from torch.utils.data import DataLoader
+
+    from petra_hub.training import EpochSampler
+    from petra_hub.training.feeding import reading_for
+
+    data = train_set()
+    loader = DataLoader(data, batch_size=8, sampler=EpochSampler(len(data), 0))
+    column, first = data.labels, data.labels[:2].clone()
+    assert reading_for(True, False, loader, column, first).images  # stage 0: the items
+    middle = reading_for(False, False, loader, column, first)
+    assert not middle.images and middle.labels is None and middle.why is None
+    last = reading_for(False, True, loader, column, first)
+    assert not last.images and last.labels is column
+    assert reading_for(False, True, loader, column, None) == middle  # nothing to predict against: no labels needed
+    for collated, why in ((first + 1, "labels differ"), (first.float(), "labels differ"),
+                          (first, "cannot be read without loading")):
+        reading = reading_for(False, True, loader, None if "cannot" in why else column, collated)
+        assert reading.images and why in reading.why
+    stream = DataLoader(data, batch_size=8)  # not ordered by an EpochSampler: every rank reads it as before
+    assert reading_for(False, False, stream, column, first).images

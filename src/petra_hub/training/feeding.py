@@ -62,8 +62,8 @@ def reading_for(runs_first: bool, runs_last: bool, loader: DataLoader, labels: t
     if labels is None:
         return Reading(images=True, why="its labels cannot be read without loading the items (give the data set a "
                                         "`labels` tensor, or use a `datasets.Dataset` with a label column)")
-    expected = labels[: len(first_labels)] if first_labels is not None else None
-    if first_labels is None or expected.dtype != first_labels.dtype or not torch.equal(expected, first_labels):
+    expected = labels[: len(first_labels)]
+    if expected.dtype != first_labels.dtype or not torch.equal(expected, first_labels):
         return Reading(images=True, why="its collator's labels differ from the data set's label column")
     return Reading(images=False, labels=labels)
 
