@@ -242,7 +242,7 @@ class Pipeline(Readings):
 
     def _batch_size(self, inputs: Activation | None, batch_size: int | None) -> int:
         if inputs is None:
-            if 0 in self.local:
+            if self.has_first_stage:
                 raise ValueError(f"{self.describe_rank(self.rank)} runs stage 0 and needs the micro-batch's inputs")
             if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
                 raise ValueError(f"a micro-batch fed without inputs needs its batch_size (a positive int), got "

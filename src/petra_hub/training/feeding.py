@@ -71,39 +71,36 @@ def reading_for(runs_first: bool, runs_last: bool, loader: DataLoader, labels: t
 def rank_batches(loader: DataLoader, dataset, reading: Reading, epoch: int, offset: int, replica: int,
                  replicas: int, seed: int) -> Iterator[MicroBatch]:
     """This rank's micro-batches of `epoch`, from the `offset`-th on, reading what `reading` says."""
-    if not isinstance(loader.sampler, EpochSampler):  # a stream: every rank reads it, and has no indices
-        for batch in epoch_batches(loader, dataset, epoch, offset, replica, replicas, seed):
-            pixel_values, labels = split_batch(batch)
-            yield MicroBatch(len(pixel_values), None, pixel_values, labels, batch)
-        return
-    if reading.images:
+    indexed = isinstance(loader.sampler, EpochSampler)  # else a stream: every rank reads it, and has no indices
+    if reading.images or not indexed:
         batches = epoch_batches(loader, dataset, epoch, offset, replica, replicas, seed)  # positions the sampler
-        for indices, batch in zip(loader.batch_sampler, batches):
-            pixel_values, labels = split_batch(batch)
-            yield MicroBatch(len(indices), torch.tensor(indices), pixel_values, labels, batch)
-        return
+        return _loaded(batches, loader.batch_sampler if indexed else itertools.repeat(None))
     if hasattr(dataset, "set_epoch"):
         dataset.set_epoch(epoch)
     loader.sampler.set_epoch(epoch, start=offset * loader.batch_size)
-    for indices in loader.batch_sampler:
-        ids = torch.tensor(indices)
-        labels = reading.labels[ids] if reading.labels is not None else None
-        yield MicroBatch(len(indices), ids, labels=labels)
+    return _indexed_only(loader, reading)
 
 
 def inference_batches(loader: DataLoader, reading: Reading) -> Iterator[MicroBatch]:
     """The batches of an evaluation or a prediction (no epochs, no shuffling), reading what `reading` says."""
-    if reading.images or not isinstance(loader.sampler, EpochSampler):
-        indexed = isinstance(loader.sampler, EpochSampler)
-        if indexed:
-            loader.sampler.set_epoch(0)
-        index_batches = loader.batch_sampler if indexed else itertools.repeat(None)
-        for indices, batch in zip(index_batches, loader):
-            pixel_values, labels = split_batch(batch)
-            yield MicroBatch(len(pixel_values), None if indices is None else torch.tensor(indices), pixel_values,
-                             labels, batch)
-        return
-    loader.sampler.set_epoch(0)
+    indexed = isinstance(loader.sampler, EpochSampler)
+    if indexed:
+        loader.sampler.set_epoch(0)
+    if reading.images or not indexed:
+        return _loaded(iter(loader), loader.batch_sampler if indexed else itertools.repeat(None))
+    return _indexed_only(loader, reading)
+
+
+def _loaded(batches, index_batches) -> Iterator[MicroBatch]:
+    """The collated `batches`, each with its sample indices (None for a stream)."""
+    for indices, batch in zip(index_batches, batches):
+        pixel_values, labels = split_batch(batch)
+        ids = None if indices is None else torch.tensor(indices)
+        yield MicroBatch(len(pixel_values), ids, pixel_values, labels, batch)
+
+
+def _indexed_only(loader: DataLoader, reading: Reading) -> Iterator[MicroBatch]:
+    """The sampler's index batches, with the labels of `reading`'s column where it has one; no item loaded."""
     for indices in loader.batch_sampler:
         ids = torch.tensor(indices)
         yield MicroBatch(len(indices), ids, labels=reading.labels[ids] if reading.labels is not None else None)
