@@ -308,27 +308,35 @@ def launched_run(argv: list[str], processes: int, output_dir: str, verbose: bool
         state["log_history"]
 
 
+def run_alone(model: str, config: str, seed: int, epochs: float, out: Path, *, num_stages: int | None = None,
+              fidelity_every: int = 0, recipe_args: list[str] | None = None, processes: int = 1,
+              threads: int = 1) -> dict:
+    """One configuration and seed in a process of this script of its own, written to `out` -> what it wrote. A
+    failed run raises with its output."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--model", model, "--configs", config, "--baseline",
+               config, "--seeds", str(seed), "--epochs", f"{epochs:g}", "--processes", str(processes), "--threads",
+               str(threads), "--fidelity-every", str(fidelity_every), "--out", str(out)]
+    if num_stages:
+        command += ["--num-stages", str(num_stages)]
+    if recipe_args:
+        command.append("--recipe-args=" + shlex.join(recipe_args))
+    done = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": str(threads)}, text=True,
+                          capture_output=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{config} seed {seed} failed (exit code {done.returncode}):\n{done.stderr[-4000:]}")
+    return json.loads(Path(out).read_text())
+
+
 def parallel_runs(args: argparse.Namespace, plan: list[tuple], workdir: str):
-    """Each planned run in its own process of this script (one configuration, one seed), `args.jobs` at a time ->
-    (configuration, run record) as each finishes. A failed run stops the whole measurement with its output."""
+    """Each planned run in its own process (`run_alone`), `args.jobs` at a time -> (configuration, run record) as
+    each finishes. A failed run stops the whole measurement with its output."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     def one(index: int, name: str, seed: int) -> tuple[str, dict]:
-        out = Path(workdir, f"run-{index}.json")
-        command = [sys.executable, str(Path(__file__).resolve()), "--model", args.model, "--configs", name,
-                   "--baseline", name, "--seeds", str(seed), "--epochs", f"{args.epochs:g}", "--processes",
-                   str(args.processes), "--threads", str(args.threads), "--out", str(out)]
-        if args.num_stages:
-            command += ["--num-stages", str(args.num_stages)]
-        if args.fidelity_every:
-            command += ["--fidelity-every", str(args.fidelity_every)]
-        if args.recipe_args:
-            command.append("--recipe-args=" + shlex.join(args.recipe_args))
-        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-        done = subprocess.run(command, env=env, text=True, capture_output=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"{name} seed {seed} failed (exit code {done.returncode}):\n{done.stderr[-4000:]}")
-        return name, json.loads(out.read_text())["runs"][0]
+        result = run_alone(args.model, name, seed, args.epochs, Path(workdir, f"run-{index}.json"),
+                           num_stages=args.num_stages, fidelity_every=args.fidelity_every,
+                           recipe_args=args.recipe_args, processes=args.processes, threads=args.threads)
+        return name, result["runs"][0]
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         futures = [pool.submit(one, index, name, seed) for index, (name, *_, seed) in enumerate(plan)]

@@ -21,7 +21,6 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +30,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
+import accuracy_digits  # noqa: E402
 from common import add_out_argument, progress, results_path, write_results  # noqa: E402
 
 
@@ -54,15 +54,9 @@ def read_plan(path: Path) -> list[dict]:
 
 def run_line(line: dict, folder: Path, fidelity_every: int) -> Path:
     out = folder / f"{line['name']}.json"
-    command = [sys.executable, str(HERE / "accuracy_digits.py"), "--model", line["model"], "--configs",
-               line["config"], "--baseline", line["config"], "--seeds", str(line["seed"]), "--epochs",
-               f"{line['epochs']:g}", "--fidelity-every", str(fidelity_every), "--out", str(out)]
-    if line["recipe_args"]:
-        command.append("--recipe-args=" + shlex.join(line["recipe_args"]))
-    done = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, text=True, capture_output=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{line['name']} failed (exit code {done.returncode}):\n{done.stderr[-4000:]}")
-    progress(f"{line['name']}: {100 * json.loads(out.read_text())['runs'][0]['test_accuracy']:.2f} %")
+    result = accuracy_digits.run_alone(line["model"], line["config"], line["seed"], line["epochs"], out,
+                                       fidelity_every=fidelity_every, recipe_args=line["recipe_args"])
+    progress(f"{line['name']}: {100 * result['runs'][0]['test_accuracy']:.2f} %")
     return out
 
 
