@@ -276,3 +276,58 @@ def test_hub_images_above_pils_bomb_limit_are_refused(tmp_path, monkeypatch):
         test[0]
     raw = _unnormalise(test[1]["pixel_values"], test.info)  # 64 pixels: read, and decoded as before
     torch.testing.assert_close(raw[:, 5, 5], torch.tensor([10, 10, 200]) / 255, atol=1e-5, rtol=0)
+
+
+def _same_items(a, b) -> None:
+    assert torch.equal(a.labels, b.labels)
+    for k in range(len(a)):
+        assert a[k]["labels"] == b[k]["labels"]
+        assert torch.equal(a[k]["pixel_values"], b[k]["pixel_values"])
+
+
+@pytest.mark.parametrize("form", ["pickle", "npz", "compressed npz"])
+def test_imagenet32_without_kept_images_gives_the_same_items_reading_one_file_at_a_time(tmp_path, form):
+    out = _write_imagenet32(str(tmp_path), np.random.default_rng(7), npz=form != "pickle")
+    if form == "compressed npz":
+        for name, (rows, labels) in out.items():
+            np.savez_compressed(tmp_path / f"{name}.npz", data=rows, labels=np.array(labels))
+    for split in ("train", "test"):
+        kept = load_image_dataset("imagenet32", split, data_dir=str(tmp_path), augment=False)
+        on_demand = load_image_dataset("imagenet32", split, data_dir=str(tmp_path), augment=False,
+                                       keep_images=False)
+        assert on_demand._source._kept_rows is None  # nothing held until an item is asked for
+        _same_items(kept, on_demand)
+        if split == "train":  # the last file read is all it keeps
+            assert on_demand._source._kept_file == 9
+
+
+def test_cifar10_without_kept_images_gives_the_same_items_from_the_folder_and_the_tarball(tmp_path):
+    _write_cifar10(str(tmp_path / "src"), np.random.default_rng(8))
+    _tar(str(tmp_path / "src"), "cifar-10-batches-py", "cifar-10-python.tar.gz")
+    for root in (tmp_path / "src" / "cifar-10-batches-py", tmp_path / "src" / "cifar-10-python.tar.gz"):
+        kept = load_image_dataset("cifar10", "train", data_dir=str(root), augment=False)
+        _same_items(kept, load_image_dataset("cifar10", "train", data_dir=str(root), augment=False,
+                                             keep_images=False))
+
+
+def test_an_npz_read_without_its_images_costs_no_memory_for_them(tmp_path):
+    """ImageNet32's distribution format: a process that needs the labels and two items never holds the images."""
+    import tracemalloc
+
+    rng = np.random.default_rng(9)
+    rows = _rows(rng, 2_000)  # 6 MB a file, 61 MB in all
+    for name in [f"train_data_batch_{k}" for k in range(1, 11)]:
+        np.savez(tmp_path / f"{name}.npz", data=rows, labels=rng.integers(1, 1001, len(rows)))
+
+    def peak_of(keep_images: bool) -> int:
+        tracemalloc.start()
+        try:
+            dataset = load_image_dataset("imagenet32", "train", data_dir=str(tmp_path), keep_images=keep_images)
+            dataset[0], dataset[len(dataset) - 1]
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    held, on_demand = peak_of(True), peak_of(False)
+    assert held > 60e6
+    assert on_demand < 1e6, on_demand  # the labels (160 KB) and the per-item read counts, not the images

@@ -350,6 +350,14 @@ def test_placement_and_bad_settings():
         Pipeline(stages, cross_entropy, layout=Layout(partition=[4, 4]))
 
 
+def test_six_processes_as_two_replicas_are_two_pipelines_of_three_in_rank_order():
+    from petra_hub.engine import pipeline_rank_of, replica_of
+
+    assert [(replica_of(rank, 6, 2), pipeline_rank_of(rank, 6, 2)) for rank in range(6)] == \
+        [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert [pipeline_rank_of(rank, 3, 1) for rank in range(3)] == [0, 1, 2]
+
+
 def test_shape_mismatch_between_stages_names_both():
     stages = [nn.Conv2d(3, 4, 3), nn.Conv2d(5, 2, 3), nn.Sequential(nn.Flatten(), nn.LazyLinear(2))]
     pipeline = Pipeline(stages, cross_entropy)

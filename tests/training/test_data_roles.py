@@ -108,3 +108,36 @@ def test_what_each_rank_reads_follows_its_stages_and_the_labels_column():
         assert reading.images and why in reading.why
     stream = DataLoader(data, batch_size=8)  # not ordered by an EpochSampler: every rank reads it as before
     assert reading_for(False, False, stream, column, first).images
+
+
+def _train_on_cifar_files(rank, world_size, folder, data_dir):
+    """Train on CIFAR-10 batch files, each process holding the images only where it runs the first stage."""
+    from petra_hub.training import PetraTrainingArguments
+
+    if world_size > 1:
+        as_launched(rank, world_size)
+    keep_images = PetraTrainingArguments(output_dir=folder, report_to=[]).runs_first_stage()
+    data = load_image_dataset("cifar10", "train", data_dir=data_dir, keep_images=keep_images)
+    trainer = make_trainer(folder, train=data, max_steps=STEPS, petra_partition="4,3,3" if world_size == 3 else None)
+    trainer.train()
+    kept_file = getattr(data._source, "_kept_file", "all")  # the files read on demand: those of the checked items
+    return {"keep_images": keep_images, "runs_first_stage": trainer.pipeline.has_first_stage, "kept_file": kept_file,
+            "state": {k: v.clone() for k, v in trainer.model.state_dict().items()}}
+
+
+def test_processes_without_the_first_stage_hold_no_images_and_train_as_one_process_does(tmp_path):
+    import numpy as np
+
+    from petra_hub.testing.data_files import write_cifar10
+
+    write_cifar10(str(tmp_path / "cifar"), np.random.default_rng(0), n_train=20)
+    data_dir = str(tmp_path / "cifar")
+    results, _, _ = run_ranks(_train_on_cifar_files, 3, str(tmp_path / "three"), data_dir, deadline=240)
+    assert all(r is not None and "value" in r for r in results), [r and r.get("traceback") for r in results]
+    values = [r["value"] for r in results]
+    assert [v["keep_images"] for v in values] == [v["runs_first_stage"] for v in values] == [True, False, False]
+    assert [v["kept_file"] for v in values] == ["all", 0, 0]  # the first file: the checked first items' only
+    one = _train_on_cifar_files(0, 1, str(tmp_path / "one"), data_dir)
+    assert one["keep_images"]
+    for value in values:
+        assert all(torch.equal(value["state"][name], one["state"][name]) for name in one["state"])

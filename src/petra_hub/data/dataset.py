@@ -140,7 +140,7 @@ def _check_data_dir(data_dir: str, name: str) -> str:
 
 def load_image_dataset(name: str, split: str, *, data_dir: str | None = None,
                        hub_id: str | None = None, augment: bool | None = None,
-                       seed: int = 0) -> Dataset:
+                       seed: int = 0, keep_images: bool = True) -> Dataset:
     """Load split ``split`` ("train" / "test") of data set ``name``.
 
     Items are ``{"pixel_values": float32 [3, S, S], "labels": int}``; the dataset has
@@ -150,6 +150,9 @@ def load_image_dataset(name: str, split: str, *, data_dir: str | None = None,
     and ``hub_id`` (Hub repo id or local dataset folder; default ``DatasetSpec.hub_id``)
     are mutually exclusive.  "validation" and "val" are aliases of "test".  A split with
     no items, or with labels outside ``0..num_labels-1``, is a ValueError naming it.
+    ``keep_images=False`` is for a process that reads the labels and a few items (a
+    pipeline process without the first stage): the batch-file sets (CIFAR, ImageNet32)
+    then hold no image in memory and read one from its file when asked, slowly.
     """
     spec = dataset_spec(name)
     split = _canonical_split(split)
@@ -160,9 +163,9 @@ def load_image_dataset(name: str, split: str, *, data_dir: str | None = None,
     if reader.embedded is not None:
         if data_dir is not None or hub_id is not None:
             raise ValueError(f"{name!r} is embedded ({reader.embedded}); it takes no data_dir / hub_id")
-        source, labels, info = reader(spec, split, None)
+        source, labels, info = reader(spec, split, None, keep_images)
     elif data_dir is not None:
-        source, labels, info = reader(spec, split, _check_data_dir(data_dir, name))
+        source, labels, info = reader(spec, split, _check_data_dir(data_dir, name), keep_images)
     else:
         hub_id = hub_id or spec.hub_id
         if hub_id is None:

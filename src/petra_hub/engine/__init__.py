@@ -17,7 +17,7 @@ from .pipeline import Pipeline
 from .precision import Precision
 from .compilation import compile_stage
 from .fidelity import StageFidelity
-from .placement import Placement, replica_of
+from .placement import Placement, pipeline_rank_of, replica_of
 from .collectives import disagreements
 from .partitioning import StageCost
 from .schedule import Schedule
@@ -60,6 +60,7 @@ __all__ = [
     "paper_sgd",
     "peer_failure",
     "recv_json",
+    "pipeline_rank_of",
     "replica_of",
     "send_json",
 ]

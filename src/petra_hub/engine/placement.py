@@ -103,6 +103,12 @@ def replica_of(rank: int, world: int, count: int) -> int:
     return rank // (world // count)
 
 
+def pipeline_rank_of(rank: int, world: int, count: int) -> int:
+    """The position of global rank `rank` in its pipeline when `world` processes form `count` replicas; position 0
+    runs stage 0 (every placement's groups are contiguous from it)."""
+    return rank - replica_of(rank, world, count) * (world // count)
+
+
 @dataclass(frozen=True)
 class Replicas:
     """W = P x D ranks as D pipeline replicas: replica d holds pipeline ranks d*P .. d*P+P-1."""
@@ -128,7 +134,7 @@ def split_replicas(count: int) -> Replicas:
     pipelines = [dist.new_group(list(range(d * size, (d + 1) * size))) for d in range(count)]
     peers = [dist.new_group(list(range(p, world, size))) for p in range(size)]
     ranks = tuple(range(index * size, (index + 1) * size))
-    return Replicas(index, count, ranks, pipelines[index], peers[rank % size])
+    return Replicas(index, count, ranks, pipelines[index], peers[pipeline_rank_of(rank, world, count)])
 
 
 def pipeline_groups(group, data_parallel_size: int, distributed: bool) -> tuple[object, object, Replicas | None]:

@@ -289,18 +289,21 @@ def resized_processor(processor, size: int):
     return resized
 
 
-def load_data(args: DataArguments, *, seed: int, splits: set[str], processor=None) -> RecipeData:
+def load_data(args: DataArguments, *, seed: int, splits: set[str], processor=None, keep_images: bool = True
+              ) -> RecipeData:
     """The data sets named in `splits` ("train", "eval", "test"); `processor` is a pretrained model's image
-    processor (its size, mean and std serve a `datasets` set), or None."""
+    processor (its size, mean and std serve a `datasets` set), or None. `keep_images=False` (a process that does not
+    run the first stage) holds no images of a built-in set in memory (see `load_image_dataset`)."""
     if args.uses_datasets:
         return _load_datasets(args, seed, splits, processor)
-    return _load_builtin(args, seed, splits)
+    return _load_builtin(args, seed, splits, keep_images)
 
 
-def _load_builtin(args: DataArguments, seed: int, splits: set[str]) -> RecipeData:
+def _load_builtin(args: DataArguments, seed: int, splits: set[str], keep_images: bool) -> RecipeData:
     name = args.builtin_for_hub_id or args.dataset
     spec = dataset_spec(name)
     source = {} if spec.reader.embedded else {"data_dir": args.data_dir, "hub_id": args.hub_id or args.dataset_name}
+    source["keep_images"] = keep_images
     train = load_image_dataset(name, "train", seed=seed, augment=args.augment, **source) if "train" in splits else None
     test = load_image_dataset(name, "test", **source) if splits & {"eval", "test"} else None
     info: DatasetInfo = (train or test).info

@@ -96,7 +96,8 @@ def prepare(argv: list[str] | None = None) -> Recipe:
         pretrained_config(model_args)  # refuse a non-RevNet before reading any data
         processor = _pretrained_processor(model_args.model_name_or_path)
     with args.main_process_first(desc="loading the data set"):  # `datasets` caches on the first rank first
-        data = load_data(data_args, seed=args.seed, splits=splits, processor=processor)
+        data = load_data(data_args, seed=args.seed, splits=splits, processor=processor,
+                         keep_images=args.runs_first_stage())
     set_seed(args.seed)  # immediately before the model: the same initial weights on every rank, for any world size
     model = build_model(model_args, data)
     trainer = PetraTrainer(

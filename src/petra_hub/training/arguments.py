@@ -10,9 +10,9 @@ from functools import cached_property
 import torch
 from transformers import TrainingArguments
 
-from ..engine import Diagnostics, Layout, MemoryOptions, Mode, Precision, Remedies
+from ..engine import Diagnostics, Layout, MemoryOptions, Mode, Precision, Remedies, pipeline_rank_of
 from ..engine.options import check_accumulation_steps, check_max_grad_norm, check_timeout, fields_named
-from .distributed import init_distributed
+from .distributed import init_distributed, process_rank, world_size
 from .support_table import check_supported
 
 
@@ -226,6 +226,11 @@ class PetraTrainingArguments(TrainingArguments):
         # machine it would otherwise see one process).
         init_distributed(self.petra_timeout)
         return TrainingArguments._setup_devices.func(self)
+
+    def runs_first_stage(self) -> bool:
+        """Whether this process runs the first stage of its pipeline, and so reads the images of the data (the
+        others read its labels, or nothing): the first of each replica's processes."""
+        return pipeline_rank_of(process_rank(), world_size(), self.petra_data_parallel) == 0
 
     def partition_sizes(self) -> list[int] | str | None:
         if not self.petra_partition or self.petra_partition == "auto":

@@ -7,12 +7,17 @@ with two attributes and a call (see :class:`LocalReader`):
               from (e.g. "scikit-learn"), and the data set then takes no ``data_dir``
               nor ``hub_id``.
 ``layout``    what ``data_dir`` must hold, for error messages.
-``reader(spec, split, data_dir)`` with ``split`` "train" or "test" and ``data_dir`` an
-              existing path (None for an embedded set) returns ``(source, labels, info)``:
+``reader(spec, split, data_dir, keep_images=True)`` with ``split`` "train" or "test" and
+              ``data_dir`` an existing path (None for an embedded set) returns
+              ``(source, labels, info)``:
               ``source(i)`` the raw [C, H, W] image i (uint8, or float in [0, 1]),
               ``labels`` an int64 tensor of all labels (read without decoding any image)
               and ``info`` the spec's :class:`DatasetInfo`, with ``label_names`` /
-              ``num_labels`` replaced where the files say otherwise.
+              ``num_labels`` replaced where the files say otherwise.  With
+              ``keep_images=False`` a reader that would hold every image in memory
+              (CIFAR, ImageNet32 batches) holds none and reads one when asked instead;
+              the image folders always read on demand, and the embedded digits (115 KB)
+              are always held.
 
 Modules: :mod:`.digits` (scikit-learn's digits), :mod:`.pickles` (CIFAR folders and
 tarballs, ImageNet32 pickles / .npz), :mod:`.folders` (image-folder layout),
@@ -44,7 +49,7 @@ class LocalReader(Protocol):
     embedded: str | None
     layout: str
 
-    def __call__(self, spec: DatasetSpec, split: str, data_dir: str | None) -> Loaded: ...
+    def __call__(self, spec: DatasetSpec, split: str, data_dir: str | None, keep_images: bool = True) -> Loaded: ...
 
 
 # The most classes a data set may declare: each is an output of the classifier, so a file naming a huge class index

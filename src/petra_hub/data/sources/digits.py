@@ -46,7 +46,7 @@ class SklearnDigits:
     embedded = "scikit-learn"
     layout = "nothing: the data is embedded"
 
-    def __call__(self, spec: DatasetSpec, split: str, data_dir: str | None) -> Loaded:
+    def __call__(self, spec: DatasetSpec, split: str, data_dir: str | None, keep_images: bool = True) -> Loaded:
         images, labels, train_idx, test_idx = digits_arrays(
             spec.info.image_size, self.test_size, self.random_state)
         idx = torch.as_tensor(train_idx if split == "train" else test_idx)

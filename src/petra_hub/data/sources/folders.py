@@ -131,7 +131,7 @@ class ImageFolders:
     embedded = None
     layout = "train/ and val/ (or validation/), each holding one sub-folder of images per class"
 
-    def __call__(self, spec: DatasetSpec, split: str, data_dir: str | None) -> Loaded:
+    def __call__(self, spec: DatasetSpec, split: str, data_dir: str | None, keep_images: bool = True) -> Loaded:
         name = spec.info.name
         if not os.path.isdir(data_dir):
             raise FileNotFoundError(f"data_dir {data_dir!r} for {name!r} is not a folder")

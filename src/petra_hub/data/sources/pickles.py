@@ -27,21 +27,28 @@ exceeds its cap: re-save it with protocol >= 3, or as ``.npz``.
 ``ImagenetBatches``     ``data_dir`` holding ``train_data_batch_1..10`` and ``val_data``
                         (or those names with ``.npz`` / ``.pkl`` / ``.pickle``), in the
                         folder or an immediate sub-folder; labels 1..1000 made 0-based.
+
+Both hold every image in memory, unless read with ``keep_images=False`` (a process that
+needs the labels and a few items): each batch file is then read for its labels and its
+images dropped, and an image is read again when asked for, from its file (an ``.npz``
+member a row at a time, seeking within it; a pickle, which can only be read whole, one
+file at a time, the last kept).
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import os
 import warnings
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import torch
 
 from . import check_label_range, int_labels
-from .safe_io import load_npz, read_capped, read_tar_members, unpickle
+from .safe_io import NpzRows, load_npz, read_capped, read_tar_members, unpickle
 
 if TYPE_CHECKING:
     from ..registry import DatasetSpec
@@ -63,13 +70,13 @@ def _batch_kind(name: str, max_rows: int) -> str:
     return f"a {name} batch file ({max_rows:,} images of {ROW_BYTES:,} bytes plus labels)"
 
 
-def _check_batch(d: dict, label_key: str, where: str, lo: int, hi: int,
-                 max_rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """Validate one batch: ``data`` 1..max_rows x 3072 uint8, labels as many ints in [lo, hi]."""
+def _check_batch(d: dict, label_key: str, where: str, lo: int, hi: int, max_rows: int) -> np.ndarray:
+    """Validate one batch: ``data`` 1..max_rows x 3072 uint8 (an array, or the rows of an ``.npz`` member read on
+    demand), labels as many ints in [lo, hi]; returns the labels."""
     if "data" not in d or label_key not in d:
         raise ValueError(f"{where}: expected keys 'data' and {label_key!r}, found {sorted(map(str, d))}")
     data = d["data"]
-    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 \
+    if not isinstance(data, (np.ndarray, NpzRows)) or data.dtype != np.uint8 or data.ndim != 2 \
             or data.shape[1] != ROW_BYTES:
         desc = (f"{data.dtype} array of shape {data.shape}" if isinstance(data, np.ndarray)
                 else type(data).__name__)
@@ -84,31 +91,57 @@ def _check_batch(d: dict, label_key: str, where: str, lo: int, hi: int,
     if len(labels) != len(data):
         raise ValueError(f"{where}: {len(data)} images but {len(labels)} labels")
     check_label_range(labels, lo, hi, where)
-    return data.reshape(-1, 3, 32, 32), labels
+    return labels
 
 
 class _Chunks:
-    """Random access over a list of [n_k, 3, 32, 32] uint8 arrays without concatenating."""
+    """Random access over a list of N_k x 3072 uint8 arrays without concatenating."""
 
     def __init__(self, arrays: Sequence[np.ndarray]):
-        self.arrays = [a for a in arrays if len(a)]
+        self.arrays = arrays
         self.starts = np.cumsum([0] + [len(a) for a in self.arrays]).tolist()
 
     def __call__(self, index: int) -> torch.Tensor:
         k = bisect.bisect_right(self.starts, index) - 1
-        return torch.from_numpy(np.array(self.arrays[k][index - self.starts[k]]))
+        return _image(self.arrays[k], index - self.starts[k])
 
 
-def _batches(spec: DatasetSpec, named_dicts, label_key: str, first_label: int,
-             max_rows: int) -> Loaded:
-    """Validated batches of ``(where, dict)`` pairs as a source, 0-based labels and info."""
+class _ChunksOnDemand:
+    """Random access over batch files that reads an image when it is asked for instead of holding them all
+    (``keep_images=False``): ``readers[k]()`` gives file k's rows (its array read again, or an ``.npz`` member's
+    `NpzRows`). The last file read is kept, so a few items cost a few reads and at most one file's memory."""
+
+    def __init__(self, readers: Sequence[Callable[[], np.ndarray | NpzRows]], sizes: Sequence[int]):
+        self.readers = readers
+        self.starts = np.cumsum([0, *sizes]).tolist()
+        self._kept_file, self._kept_rows = None, None
+
+    def __call__(self, index: int) -> torch.Tensor:
+        k = bisect.bisect_right(self.starts, index) - 1
+        if self._kept_file != k:
+            self._kept_file, self._kept_rows = None, None  # freed before the next file is read
+            self._kept_rows, self._kept_file = self.readers[k](), k
+        return _image(self._kept_rows, index - self.starts[k])
+
+
+def _image(rows: np.ndarray | NpzRows, index: int) -> torch.Tensor:
+    return torch.from_numpy(np.array(rows[index]).reshape(3, 32, 32))
+
+
+def _batches(spec: DatasetSpec, named_dicts, label_key: str, first_label: int, max_rows: int,
+             rereaders: Sequence[Callable[[], np.ndarray | NpzRows]] | None = None) -> Loaded:
+    """Validated batches of ``(where, dict)`` pairs as a source, 0-based labels and info. With ``rereaders`` (one per
+    batch, giving its ``data`` again), no image is held: the source reads one when asked."""
     arrays, labels = [], []
     hi = first_label + spec.info.num_labels - 1
     for where, d in named_dicts:
-        data, lab = _check_batch(d, label_key, where, first_label, hi, max_rows)
-        arrays.append(data)
+        lab = _check_batch(d, label_key, where, first_label, hi, max_rows)
+        if rereaders is None:
+            arrays.append(d["data"])
         labels.append(lab - first_label)
-    return _Chunks(arrays), torch.from_numpy(np.concatenate(labels)), spec.info
+        del d  # a batch's images are dropped as soon as it is checked when they are read again on demand
+    source = _Chunks(arrays) if rereaders is None else _ChunksOnDemand(rereaders, [len(lab) for lab in labels])
+    return source, torch.from_numpy(np.concatenate(labels)), spec.info
 
 
 @dataclass(frozen=True)
@@ -156,12 +189,18 @@ class CifarBatches:
             f"(the extracted archive) or {tarball}"
         )
 
-    def __call__(self, spec: DatasetSpec, split: str, data_dir: str | None) -> Loaded:
+    def __call__(self, spec: DatasetSpec, split: str, data_dir: str | None, keep_images: bool = True) -> Loaded:
         wanted = list(self.train_files if split == "train" else self.test_files)
         raw = self.read_files(data_dir, spec.info.name, wanted)
+
+        def images_of(file: str) -> np.ndarray:
+            where, raw_file = self.read_files(data_dir, spec.info.name, [file])[file]
+            return unpickle(raw_file, where)["data"]
+
+        rereaders = None if keep_images else [functools.partial(images_of, f) for f in wanted]
         source, labels, info = _batches(
             spec, ((raw[f][0], unpickle(raw[f][1], raw[f][0])) for f in wanted),
-            self.label_key, 0, self.max_rows)
+            self.label_key, 0, self.max_rows, rereaders)
         if self.meta_file in raw:
             where = raw[self.meta_file][0]
             names = unpickle(raw[self.meta_file][1], where, f"{self.names_key!r}").get(self.names_key)
@@ -189,10 +228,21 @@ def _find_file(data_dir: str, base: str) -> str | None:
     return None
 
 
-def _read_batch_file(path: str, max_bytes: int, kind: str) -> dict:
+def _read_batch_file(path: str, max_bytes: int, kind: str, label_key: str, keep_images: bool = True) -> dict:
+    """A batch file's dict; without `keep_images`, an ``.npz``'s ``data`` stays in the file (as `NpzRows`) and only
+    its labels are read."""
     if path.endswith(".npz"):
-        return load_npz(path, max_bytes, kind)
+        if keep_images:
+            return load_npz(path, max_bytes, kind)
+        return {**load_npz(path, max_bytes, kind, only=frozenset({label_key})), "data": NpzRows(path, "data")}
     return unpickle(read_capped(path, max_bytes, kind), path)
+
+
+def _batch_rows(path: str, max_bytes: int, kind: str) -> np.ndarray | NpzRows:
+    """A batch file's images, read again when asked for: an ``.npz`` member's rows one at a time, a pickle whole."""
+    if path.endswith(".npz"):
+        return NpzRows(path, "data")
+    return unpickle(read_capped(path, max_bytes, kind), path)["data"]
 
 
 @dataclass(frozen=True)
@@ -207,7 +257,7 @@ class ImagenetBatches:
     max_rows: int = 130_000  # images in the largest batch file
     embedded = None
 
-    def __call__(self, spec: DatasetSpec, split: str, data_dir: str | None) -> Loaded:
+    def __call__(self, spec: DatasetSpec, split: str, data_dir: str | None, keep_images: bool = True) -> Loaded:
         name = spec.info.name
         if not os.path.isdir(data_dir):
             raise FileNotFoundError(f"data_dir {data_dir!r} for {name!r} is not a folder")
@@ -219,5 +269,6 @@ class ImagenetBatches:
                 f"no {name} {split} data in {data_dir!r}: missing {', '.join(missing)} "
                 f"(expected {', '.join(wanted)}, as pickles or .npz, in the folder or a sub-folder)")
         cap, kind = max_file_bytes(self.max_rows), _batch_kind(name, self.max_rows)
-        return _batches(spec, ((paths[w], _read_batch_file(paths[w], cap, kind)) for w in wanted),
-                        self.label_key, self.first_label, self.max_rows)
+        rereaders = None if keep_images else [lambda p=paths[w]: _batch_rows(p, cap, kind) for w in wanted]
+        batches = ((paths[w], _read_batch_file(paths[w], cap, kind, self.label_key, keep_images)) for w in wanted)
+        return _batches(spec, batches, self.label_key, self.first_label, self.max_rows, rereaders)

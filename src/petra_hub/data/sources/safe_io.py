@@ -22,7 +22,12 @@
                                    (what ``np.load`` does); the file size, the members'
                                    declared sizes and each ``.npy`` header (shape x item
                                    size) are checked before any array is allocated
-                                   (numpy allocates what a header claims).
+                                   (numpy allocates what a header claims).  ``only``
+                                   names the members to read (the others' headers are
+                                   still checked).
+``NpzRows(path, name)``            one member of an ``.npz`` read a row at a time, when
+                                   asked, seeking within the member: what a process that
+                                   needs a few images of a large file reads of it.
 ``unpickle(raw, where)``           a pickled dict through a restricted unpickler: the
                                    only globals are those numpy arrays pickle with
                                    (``_reconstruct`` of an *empty* array, ``ndarray``
@@ -47,11 +52,13 @@ Errors are ``ValueError`` naming the file and what was expected.
 
 from __future__ import annotations
 
+import contextlib
 import copyreg
 import io
 import math
 import os
 import pickle
+import struct
 import tarfile
 import warnings
 import zipfile
@@ -60,7 +67,7 @@ import zlib
 import numpy as np
 
 __all__ = ["MAX_TAR_MEMBERS", "MAX_TAR_HEADER_RECORD", "MAX_TAR_HEADER_READS", "MAX_TAR_HEADER_BYTES",
-           "read_capped", "read_tar_members", "load_npz", "unpickle"]
+           "read_capped", "read_tar_members", "load_npz", "NpzRows", "unpickle"]
 
 # A CIFAR archive holds 5 to 9 entries; anything with more is not one.
 MAX_TAR_MEMBERS = 1_000
@@ -183,44 +190,130 @@ def read_tar_members(tar_path: str, caps: dict[str, tuple[int, str]],
     return out
 
 
-def _npy_nbytes(fh, where: str) -> int:
-    """Bytes the array of an ``.npy`` stream will take, from its header alone."""
+def _npy_header(fh, where: str) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, Fortran order, dtype) from the header of an ``.npy`` stream, which is left at the first data byte."""
     fmt = np.lib.format
     version = fmt.read_magic(fh)
     read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
-    shape, _, dtype = read_header(fh)
+    shape, fortran_order, dtype = read_header(fh)
     if dtype.hasobject:
         raise _Refused(f"{where}: object arrays are not allowed")
-    return math.prod(int(s) for s in shape) * dtype.itemsize
+    return tuple(int(s) for s in shape), fortran_order, dtype
 
 
-def load_npz(path: str, max_bytes: int, what: str = "this file") -> dict[str, np.ndarray]:
-    """The ``.npy`` arrays of the ``.npz`` at ``path`` (other members are ignored), read
-    with ``allow_pickle=False``; ValueError before allocating them when the file or its
+def _npy_nbytes(fh, where: str) -> int:
+    """Bytes the array of an ``.npy`` stream will take, from its header alone."""
+    shape, _, dtype = _npy_header(fh, where)
+    return math.prod(shape) * dtype.itemsize
+
+
+def load_npz(path: str, max_bytes: int, what: str = "this file",
+             only: frozenset[str] | None = None) -> dict[str, np.ndarray]:
+    """The ``.npy`` arrays of the ``.npz`` at ``path`` (other members are ignored; with ``only``, those not named
+    there too), read with ``allow_pickle=False``; ValueError before allocating them when the file or its
     members add up to more than ``max_bytes``, or a ``.npy`` header claims more data than
     its member holds."""
     size = os.path.getsize(path)
     if size > max_bytes:
         raise _too_big(path, size, max_bytes, what)
+    with _npz_errors(path), zipfile.ZipFile(path) as zf:
+        members = [i for i in zf.infolist() if i.filename.endswith(".npy")]
+        declared = sum(i.file_size for i in members)
+        if declared > max_bytes:
+            raise _too_big(f"{path} (uncompressed)", declared, max_bytes, what)
+        for info in members:
+            with zf.open(info) as fh:
+                nbytes = _npy_nbytes(fh, f"{path}: {info.filename}")
+            if nbytes > info.file_size:  # numpy would allocate it all, then fail
+                raise _Refused(f"{path}: the header of {info.filename} claims {nbytes:,} "
+                               f"bytes of data, the member holds {info.file_size:,}")
+        out = {}
+        for info in members:
+            if only is not None and info.filename[: -len(".npy")] not in only:
+                continue
+            with zf.open(info) as fh:
+                out[info.filename[: -len(".npy")]] = np.lib.format.read_array(
+                    fh, allow_pickle=False)
+        return out
+
+
+class NpzRows:
+    """Member ``name`` of the ``.npz`` at ``path``, read a row (an index of its first axis) at a time when asked, so
+    that a few rows of a large array cost a few small reads: a stored member (``np.savez``) is read at the row's
+    offset in the file, a compressed one (``np.savez_compressed``) decompressed up to the row in pieces of
+    ``SKIP_PIECE`` bytes. ``shape`` and ``dtype`` come from the member's header, checked as :func:`load_npz` checks
+    it (no object arrays; no more data than the member holds); a Fortran-ordered member, whose rows are not
+    contiguous, is refused."""
+
+    SKIP_PIECE = 1 << 20
+
+    def __init__(self, path: str, name: str):
+        self.path, self.member = path, name + ".npy"
+        where = f"{path}: {self.member}"
+        with _npz_errors(path), zipfile.ZipFile(path) as zf:
+            if self.member not in zf.namelist():
+                raise _Refused(f"{path}: no member {self.member} (members: {', '.join(zf.namelist())})")
+            info = zf.getinfo(self.member)
+            with zf.open(info) as fh:
+                self.shape, fortran_order, self.dtype = _npy_header(fh, where)
+                self._first_row = fh.tell()  # within the member
+            stored = info.compress_type == zipfile.ZIP_STORED
+            self._file_offset = _stored_data_offset(zf.fp, info) + self._first_row if stored else None
+        if fortran_order:
+            raise _Refused(f"{where}: a Fortran-ordered array cannot be read a row at a time; save it in C order")
+        if not self.shape:
+            raise _Refused(f"{where}: a scalar has no rows")
+        self.ndim = len(self.shape)
+        self.row_bytes = math.prod(self.shape[1:]) * self.dtype.itemsize
+        if self.shape[0] * self.row_bytes > info.file_size:
+            raise _Refused(f"{path}: the header of {self.member} claims {self.shape[0] * self.row_bytes:,} bytes of "
+                           f"data, the member holds {info.file_size:,}")
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        if not 0 <= index < self.shape[0]:
+            raise IndexError(f"row {index} of {self.path}: {self.member}, which has {self.shape[0]}")
+        with _npz_errors(self.path):
+            if self._file_offset is not None:
+                with open(self.path, "rb") as fh:
+                    fh.seek(self._file_offset + index * self.row_bytes)
+                    raw = fh.read(self.row_bytes)
+            else:
+                with zipfile.ZipFile(self.path) as zf, zf.open(self.member) as fh:
+                    to_skip = self._first_row + index * self.row_bytes
+                    while to_skip > 0:
+                        skipped = len(fh.read(min(to_skip, self.SKIP_PIECE)))
+                        if not skipped:
+                            break
+                        to_skip -= skipped
+                    raw = fh.read(self.row_bytes)
+        if len(raw) != self.row_bytes:
+            raise ValueError(f"{self.path}: {self.member} ends before row {index}")
+        return np.frombuffer(raw, self.dtype).reshape(self.shape[1:])
+
+
+def _stored_data_offset(archive, info: zipfile.ZipInfo) -> int:
+    """Where a stored (uncompressed) member's bytes begin in the archive: after its local header, whose name and
+    extra field may differ in length from the central directory's."""
+    archive.seek(info.header_offset)
+    header = archive.read(_LOCAL_HEADER_BYTES)
+    if len(header) != _LOCAL_HEADER_BYTES or header[:4] != b"PK\x03\x04":
+        raise zipfile.BadZipFile(f"no local header for {info.filename}")
+    name_length, extra_length = struct.unpack("<HH", header[26:30])  # the header's last two fields
+    return info.header_offset + _LOCAL_HEADER_BYTES + name_length + extra_length
+
+
+_LOCAL_HEADER_BYTES = 30  # a zip member's local header before its name and extra field (APPNOTE 4.3.7)
+
+
+@contextlib.contextmanager
+def _npz_errors(path: str):
+    """Re-raise what reading an ``.npz`` raises as a ValueError naming the file (refusals pass as they are)."""
     try:
-        with zipfile.ZipFile(path) as zf:
-            members = [i for i in zf.infolist() if i.filename.endswith(".npy")]
-            declared = sum(i.file_size for i in members)
-            if declared > max_bytes:
-                raise _too_big(f"{path} (uncompressed)", declared, max_bytes, what)
-            for info in members:
-                with zf.open(info) as fh:
-                    nbytes = _npy_nbytes(fh, f"{path}: {info.filename}")
-                if nbytes > info.file_size:  # numpy would allocate it all, then fail
-                    raise _Refused(f"{path}: the header of {info.filename} claims {nbytes:,} "
-                                   f"bytes of data, the member holds {info.file_size:,}")
-            out = {}
-            for info in members:
-                with zf.open(info) as fh:
-                    out[info.filename[: -len(".npy")]] = np.lib.format.read_array(
-                        fh, allow_pickle=False)
-            return out
-    except _Refused:
+        yield
+    except (_Refused, IndexError):
         raise
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, zlib.error) as exc:
         raise ValueError(f"{path}: unreadable .npz ({type(exc).__name__}: {exc})") from None
