@@ -73,13 +73,25 @@ def affinity_main(r, arg=None):
 
 @renders("data_reading", "main")
 def data_reading_main(r, arg=None):
-    """Per data set, way of reading and process: what producing the micro-batches cost, and the run's speed."""
+    """Per data set, way of reading and process, medians over the repeats: what producing the micro-batches cost,
+    what the data set holds, and the run's speed."""
     names = {"imagenet32": "ImageNet32 npz", "imagenet": "PNG folder"}
     rows = []
-    for row in r["rows"]:
+    for row in r["summary"]:
         for rank in row["ranks"]:
+            first = rank["rank"] == 0
             rows.append([names.get(row["data"], row["data"]), row["way"], rank["rank"], f"{rank['data_cpu_s']:.1f}",
-                         f"{rank['cpu_s']:.1f}", f"{rank['peak_rss_mib']:.0f}",
-                         f"{row['images_per_s']:.0f}" if rank["rank"] == 0 else ""])
-    header = ["data", "who reads", "process", "data CPU s", "all CPU s", "peak RSS MiB", "images/s (run)"]
-    return table(header, rows, "llrrrrr")
+                         f"{rank['cpu_s']:.1f}", f"{rank['data_set_mib']:.0f}", f"{rank['peak_rss_mib']:.0f}",
+                         f"{row['images_per_s']:.0f}" if first else "",
+                         f"{row['images_per_s_ratio']:.2f}x" if first else ""])
+    header = ["data", "who reads", "process", "data CPU s", "all CPU s", "data set MiB", "peak RSS MiB", "images/s",
+              "images/s ratio"]
+    return table(header, rows, "llrrrrrrr")
+
+
+@renders("data_reading", "building")
+def data_reading_building(r, arg=None):
+    """The memory of building the ImageNet32 set in a fresh process, with and without its images, by its size."""
+    rows = [[f"{row['images']:,}", "yes" if row["keep_images"] else "no", f"{row['peak_mib']:.0f}",
+             f"{row['held_mib']:.0f}"] for row in r["building"]]
+    return table(["images", "holds them", "peak MiB added", "held MiB"], rows, "rlrr")
