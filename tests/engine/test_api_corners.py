@@ -161,3 +161,10 @@ def test_weight_prediction_state_of_another_shape_raises_naming_the_stage():
     wrong_count[0]["weight_prediction"]["delta"].pop()
     with pytest.raises(ValueError, match="stage 0: the weight-prediction state holds 1 delta"):
         pipeline.load_state_dict(wrong_count)
+
+
+def test_what_the_first_stage_shares_reaches_a_pipeline_of_one_process_unchanged():
+    pipeline = Pipeline([nn.Linear(2, 2), nn.Linear(2, 2)], F.cross_entropy)
+    told = {"size": torch.tensor([3]), "labels": torch.tensor([0, 1, 1])}
+    assert pipeline.share_from_first_stage(told) is told
+    assert pipeline.share_from_first_stage(None) is None and pipeline.share_from_first_stage({}) is None

@@ -106,8 +106,9 @@ def test_what_each_rank_reads_follows_its_stages_and_the_labels_column():
                           (first, "cannot be read without loading")):
         reading = reading_for(False, True, loader, None if "cannot" in why else column, collated)
         assert reading.images and why in reading.why
-    stream = DataLoader(data, batch_size=8)  # not ordered by an EpochSampler: every rank reads it as before
-    assert reading_for(False, False, stream, column, first).images
+    stream = DataLoader(data, batch_size=8)  # not ordered by an EpochSampler: read as a stream
+    assert not reading_for(False, True, stream, column, first).images  # a stream: told by the first stage
+    assert reading_for(True, False, stream, column, first).images
 
 
 def _train_on_cifar_files(rank, world_size, folder, data_dir):
@@ -141,3 +142,46 @@ def test_processes_without_the_first_stage_hold_no_images_and_train_as_one_proce
     assert one["keep_images"]
     for value in values:
         assert all(torch.equal(value["state"][name], one["state"][name]) for name in one["state"])
+
+
+class CountedStream(torch.utils.data.IterableDataset):
+    """A stream of a data set's items that counts the items read from it."""
+
+    def __init__(self, base):
+        self.base, self.read = base, 0
+
+    def __iter__(self):
+        for index in range(len(self.base)):
+            self.read += 1
+            yield self.base[index]
+
+
+def _train_on_a_stream(rank, world_size, folder):
+    if world_size > 1:
+        as_launched(rank, world_size)
+    stream = CountedStream(take(load_image_dataset("digits", "train"), 40))  # 5 micro-batches a pass
+    trainer = make_trainer(folder, train=stream, max_steps=STEPS, petra_partition="4,3,3" if world_size == 3 else None)
+    trainer.train()
+    trained = stream.read
+    test = CountedStream(take(load_image_dataset("digits", "test"), 20))  # 2 batches of 16, the last of 4
+    metrics, prediction = trainer.evaluate(test), trainer.predict(test)
+    return {"read": trained, "inferred": test.read, "accuracy": metrics["eval_accuracy"], "loss": metrics["eval_loss"],
+            "logits": torch.as_tensor(prediction.predictions), "labels": torch.as_tensor(prediction.label_ids),
+            "losses": [log["loss"] for log in trainer.state.log_history if "loss" in log],
+            "state": {k: v.clone() for k, v in trainer.model.state_dict().items()}}
+
+
+def test_only_the_first_rank_iterates_a_stream_and_three_ranks_train_evaluate_and_predict_as_one_does(tmp_path):
+    results, _, _ = run_ranks(_train_on_a_stream, 3, str(tmp_path / "three"), deadline=240)
+    assert all(r is not None and "value" in r for r in results), [r and r.get("traceback") for r in results]
+    first, middle, last = (r["value"] for r in results)
+    checked = 2  # the first items, which every rank collates to check them against the model before training
+    assert middle["read"] == last["read"] == checked
+    assert first["read"] == checked + 2 * 40  # 5 micro-batches a pass, k = 2: 3 steps a pass, 6 steps in 2 passes
+    assert middle["inferred"] == last["inferred"] == 0 and first["inferred"] == 2 * 20
+    one = _train_on_a_stream(0, 1, str(tmp_path / "one"))
+    for value in (first, middle, last):
+        assert all(torch.equal(value["state"][name], one["state"][name]) for name in one["state"])
+        assert value["losses"] == one["losses"]
+        assert (value["accuracy"], value["loss"]) == (one["accuracy"], one["loss"])
+        assert torch.equal(value["logits"], one["logits"]) and torch.equal(value["labels"], one["labels"])

@@ -20,7 +20,7 @@ from torch import nn
 
 from .collectives import average_buffers, average_gradients, gather_stages
 from .compilation import compile_stage
-from .errors import Breaker, PipelineError
+from .errors import Breaker, PipelineError, peer_failure
 from .fidelity import StageFidelity, StageProbe, gather, measure
 from .graph_budget import kept_graphs
 from .handshake import check_same_spec, handshake, input_spec_of
@@ -38,6 +38,7 @@ from .schedule import Schedule
 from .tensors import Activation, as_tuple, to_device
 from .trace import EXCHANGE, Trace
 from .transport import ActivationSpec, NeighbourTransport
+from .wire import broadcast_tensors
 from .worker import StageUpdate, StageWorker, UpdateHook, run_stage
 
 OptimizerFactory = Callable[[int, nn.Module], torch.optim.Optimizer | None]
@@ -356,6 +357,20 @@ class Pipeline(Readings):
                 self.router.send_for_inference(value, batch, self._moment(INFER))
                 return None
             return value
+
+    def share_from_first_stage(self, tensors: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | None:
+        """The `tensors` (name -> CPU tensor, or None for nothing) that the rank of stage 0 passes, on every rank of
+        this pipeline (the others pass None; an empty dict arrives as None). How the one rank that reads the data
+        tells the others whether a micro-batch comes, its size and its targets, where they cannot read them
+        themselves (a stream cannot be read twice in the same order). A collective: every rank calls it at the same
+        points."""
+        with self._guard_and_handshake():
+            if not self.distributed:
+                return tensors or None
+            with peer_failure("hear from the first stage whether a micro-batch comes", self.describe_rank(self.rank)):
+                shared = broadcast_tensors(tensors or {} if self.has_first_stage else None, self._global_ranks[0],
+                                           self.group)
+            return shared or None
 
     def gather_stages(self, dst: int | None = 0) -> None:
         """Copy every stage's trained parameters and buffers onto the stage modules of pipeline rank `dst` (in

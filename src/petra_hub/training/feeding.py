@@ -7,15 +7,16 @@ augmenting and collating, with its workers and pinned memory). The rank of the l
 batch's indices from the label column the checks read before training (`check_all_labels`), without loading an
 image; where a data set has no such column (a plain torch `Dataset` without a `labels` tensor), or its collated
 labels are not the column's, that rank loads the items as the first does and says why, once. A stream
-(`IterableDataset`) has no indices to share and cannot be read twice in the same order: every rank iterates it as
-before, and neighbours compare the targets.
+(`IterableDataset`) has no indices and cannot be read twice in the same order: the rank of stage 0 alone iterates it
+and, before each micro-batch, tells the others of its pipeline its size and labels (`Pipeline.share_from_first_stage`;
+nothing more at the stream's end), and neighbours compare the digests of the labels.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -49,15 +50,23 @@ class Reading:
     why: str | None = None
 
 
+Share = Callable[[dict | None], dict | None]  # Pipeline.share_from_first_stage
+
+
+def is_stream(loader: DataLoader) -> bool:
+    """Whether `loader` reads a stream (an `IterableDataset`), not a data set ordered by an `EpochSampler`."""
+    return not isinstance(loader.sampler, EpochSampler)
+
+
 def reading_for(runs_first: bool, runs_last: bool, loader: DataLoader, labels: torch.Tensor | None,
                 first_labels: torch.Tensor | None) -> Reading:
     """What a rank that runs stage 0 (`runs_first`) and/or the last stage (`runs_last`) reads. `labels`: the data
     set's labels read without loading items (None where there are none); `first_labels`: the collated labels of
     its first items, which the column must reproduce (values and dtype) to stand in for them (None: its batches
     carry no labels, as a set to predict may not, and the last stage needs none)."""
-    if runs_first or not isinstance(loader.sampler, EpochSampler):
+    if runs_first:
         return Reading(images=True)
-    if not runs_last or first_labels is None:
+    if not runs_last or first_labels is None or is_stream(loader):  # a stream's labels: told by the first
         return Reading(images=False)
     if labels is None:
         return Reading(images=True, why="its labels cannot be read without loading the items (give the data set a "
@@ -69,25 +78,29 @@ def reading_for(runs_first: bool, runs_last: bool, loader: DataLoader, labels: t
 
 
 def rank_batches(loader: DataLoader, dataset, reading: Reading, epoch: int, offset: int, replica: int,
-                 replicas: int, seed: int) -> Iterator[MicroBatch]:
+                 replicas: int, seed: int, share: Share) -> Iterator[MicroBatch]:
     """This rank's micro-batches of `epoch`, from the `offset`-th on, reading what `reading` says."""
-    indexed = isinstance(loader.sampler, EpochSampler)  # else a stream: every rank reads it, and has no indices
-    if reading.images or not indexed:
+    if is_stream(loader):
+        if not reading.images:
+            return _told(share)
+        return _telling(_loaded(epoch_batches(loader, dataset, epoch, offset, replica, replicas, seed),
+                                itertools.repeat(None)), share)
+    if reading.images:
         batches = epoch_batches(loader, dataset, epoch, offset, replica, replicas, seed)  # positions the sampler
-        return _loaded(batches, loader.batch_sampler if indexed else itertools.repeat(None))
+        return _loaded(batches, loader.batch_sampler)
     if hasattr(dataset, "set_epoch"):
         dataset.set_epoch(epoch)
     loader.sampler.set_epoch(epoch, start=offset * loader.batch_size)
     return _indexed_only(loader, reading)
 
 
-def inference_batches(loader: DataLoader, reading: Reading) -> Iterator[MicroBatch]:
+def inference_batches(loader: DataLoader, reading: Reading, share: Share) -> Iterator[MicroBatch]:
     """The batches of an evaluation or a prediction (no epochs, no shuffling), reading what `reading` says."""
-    indexed = isinstance(loader.sampler, EpochSampler)
-    if indexed:
-        loader.sampler.set_epoch(0)
-    if reading.images or not indexed:
-        return _loaded(iter(loader), loader.batch_sampler if indexed else itertools.repeat(None))
+    if is_stream(loader):
+        return _telling(_loaded(iter(loader), itertools.repeat(None)), share) if reading.images else _told(share)
+    loader.sampler.set_epoch(0)
+    if reading.images:
+        return _loaded(iter(loader), loader.batch_sampler)
     return _indexed_only(loader, reading)
 
 
@@ -104,6 +117,23 @@ def _indexed_only(loader: DataLoader, reading: Reading) -> Iterator[MicroBatch]:
     for indices in loader.batch_sampler:
         ids = torch.tensor(indices)
         yield MicroBatch(len(indices), ids, labels=reading.labels[ids] if reading.labels is not None else None)
+
+
+def _telling(batches: Iterator[MicroBatch], share: Share) -> Iterator[MicroBatch]:
+    """`batches`, each first told to the pipeline's other ranks (its size and labels), then their end."""
+    for batch in batches:
+        told = {"size": torch.tensor([batch.size])}
+        if torch.is_tensor(batch.labels):
+            told["labels"] = batch.labels
+        share(told)
+        yield batch
+    share(None)
+
+
+def _told(share: Share) -> Iterator[MicroBatch]:
+    """The micro-batches the first stage's rank tells of, until it tells of none."""
+    while (told := share(None)) is not None:
+        yield MicroBatch(int(told["size"]), None, labels=told.get("labels"))
 
 
 def log_reading(reading: Reading, rank: int, what: str = "the train set") -> None:

@@ -37,7 +37,7 @@ from .checkpoint import copy_repository_files, pushes_now, write_checkpoint
 from .distributed import broadcast_module, check_same_run, check_shared_output_dir, process_rank
 from .distributed import raise_on_every_rank, world_size
 from .evaluation import eval_set_named, run_inference
-from .feeding import MicroBatch, Reading, inference_batches, log_reading, rank_batches, reading_for
+from .feeding import MicroBatch, Reading, inference_batches, is_stream, log_reading, rank_batches, reading_for
 from .fidelity import GradientFidelityCallback
 from .guards import RunLock, check_and_lock_output_dir, check_finite
 from .losses import LossWindow, PendingLosses, collect, training_logs
@@ -238,7 +238,7 @@ class PetraTrainer(Trainer):
                 self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
             fed_this_epoch, stopped = offset, False
             batches = rank_batches(loader, self.train_dataset, self._reading, epoch, offset, self.replica,
-                                   args.petra_data_parallel, data_seed(args))
+                                   args.petra_data_parallel, data_seed(args), self.pipeline.share_from_first_stage)
             if self.compute_loss_func is not None:  # its num_items_in_batch counts the whole step's items
                 batches = with_step_labels(batches, args, counts=self.pipeline.has_last_stage)
             for batch in batches:
@@ -431,14 +431,15 @@ class PetraTrainer(Trainer):
     def _infer(self, loader, prefix: str, keep_outputs: bool):
         self._sync_model()
         pipeline = self._pipeline_for_inference()
-        batches = inference_batches(loader, self._inference_reading(loader, pipeline, prefix))
+        batches = inference_batches(loader, self._inference_reading(loader, pipeline, prefix),
+                                    pipeline.share_from_first_stage)
         return run_inference(pipeline, batches, loss_function(self), self.compute_metrics, prefix,
                              self.preprocess_logits_for_metrics, keep_outputs)
 
     def _inference_reading(self, loader, pipeline: Pipeline, prefix: str) -> Reading:
         """What this rank reads of an evaluated or predicted set (`feeding`): its labels column, and whether its
         batches carry labels, are read from the set and its first items, never from all of them."""
-        if pipeline.has_first_stage or not pipeline.has_last_stage:
+        if pipeline.has_first_stage or not pipeline.has_last_stage or is_stream(loader):
             return reading_for(pipeline.has_first_stage, pipeline.has_last_stage, loader, None, None)
         items = first_items(loader.dataset)
         first_labels = split_batch(loader.collate_fn(items))[1] if items else None
