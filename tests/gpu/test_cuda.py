@@ -211,3 +211,32 @@ def test_fp16_one_device_run_keeps_every_weight_finite():
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert all(torch.isfinite(b).all() for b in model.buffers() if b.is_floating_point())
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0] - 0.3
+
+
+def test_images_reach_the_device_one_micro_batch_ahead_from_pinned_memory():
+    from petra_hub.training.feeding import MicroBatch, ahead_on_device
+
+    pinned = [MicroBatch(2, None, torch.randn(2, 3, 4, 4).pin_memory(), torch.tensor([0, k]).pin_memory())
+              for k in range(3)]
+    moved = list(ahead_on_device(iter(pinned), CUDA))
+    assert len(moved) == 3
+    for before, after in zip(pinned, moved):
+        assert after.pixel_values.is_cuda and after.labels.is_cuda
+        assert torch.equal(after.pixel_values.cpu(), before.pixel_values)
+        assert torch.equal(after.labels.cpu(), before.labels)
+
+
+def test_the_trainer_on_the_gpu_trains_alike_with_and_without_pinned_memory(tmp_path):
+    from tests.training.test_trainer import make_trainer
+
+    runs = []
+    for pinned in (True, False):
+        trainer = make_trainer(tmp_path / str(pinned), dataloader_pin_memory=pinned)
+        assert trainer.get_train_dataloader().pin_memory is pinned
+        trainer.train()
+        assert trainer.pipeline.device.type == "cuda"
+        runs.append(([log["loss"] for log in trainer.state.log_history if "loss" in log],
+                     {name: value.cpu() for name, value in trainer.model.state_dict().items()}))
+    (losses, weights), (losses_unpinned, weights_unpinned) = runs
+    assert losses == losses_unpinned
+    assert all(torch.equal(weights[name], weights_unpinned[name]) for name in weights)

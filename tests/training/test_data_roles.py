@@ -185,3 +185,11 @@ def test_only_the_first_rank_iterates_a_stream_and_three_ranks_train_evaluate_an
         assert value["losses"] == one["losses"]
         assert (value["accuracy"], value["loss"]) == (one["accuracy"], one["loss"])
         assert torch.equal(value["logits"], one["logits"]) and torch.equal(value["labels"], one["labels"])
+
+
+def test_batches_stay_as_they_are_where_the_device_is_not_a_gpu():
+    from petra_hub.training.feeding import MicroBatch, ahead_on_device
+
+    batches = [MicroBatch(2, None, torch.zeros(2, 3, 4, 4), torch.tensor([0, 1])) for _ in range(3)]
+    for device in (None, torch.device("cpu"), torch.device("meta")):
+        assert all(a is b for a, b in zip(ahead_on_device(iter(batches), device), batches, strict=True))

@@ -14,10 +14,10 @@ nothing more at the stream's end), and neighbours compare the digests of the lab
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import torch
 from torch.utils.data import DataLoader
@@ -28,7 +28,7 @@ from .sampler import EpochSampler
 logger = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclasses.dataclass
 class MicroBatch:
     """One micro-batch as a rank has it: what it read (None where it reads nothing) and what every rank knows."""
 
@@ -39,7 +39,7 @@ class MicroBatch:
     batch: dict | None = None  # the collated batch, where this rank loaded the items
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Reading:
     """What a rank reads: the items (`images`: the DataLoader's collated batches), or only the labels from
     `labels` (a tensor indexed by sample), or nothing; `why` says why a rank that needs labels alone loads the
@@ -78,29 +78,33 @@ def reading_for(runs_first: bool, runs_last: bool, loader: DataLoader, labels: t
 
 
 def rank_batches(loader: DataLoader, dataset, reading: Reading, epoch: int, offset: int, replica: int,
-                 replicas: int, seed: int, share: Share) -> Iterator[MicroBatch]:
-    """This rank's micro-batches of `epoch`, from the `offset`-th on, reading what `reading` says."""
+                 replicas: int, seed: int, share: Share, device: torch.device | None = None) -> Iterator[MicroBatch]:
+    """This rank's micro-batches of `epoch`, from the `offset`-th on, reading what `reading` says; on a CUDA
+    `device`, the images read are copied there ahead (`ahead_on_device`)."""
     if is_stream(loader):
         if not reading.images:
             return _told(share)
-        return _telling(_loaded(epoch_batches(loader, dataset, epoch, offset, replica, replicas, seed),
-                                itertools.repeat(None)), share)
+        batches = epoch_batches(loader, dataset, epoch, offset, replica, replicas, seed)
+        return _telling(ahead_on_device(_loaded(batches, itertools.repeat(None)), device), share)
     if reading.images:
         batches = epoch_batches(loader, dataset, epoch, offset, replica, replicas, seed)  # positions the sampler
-        return _loaded(batches, loader.batch_sampler)
+        return ahead_on_device(_loaded(batches, loader.batch_sampler), device)
     if hasattr(dataset, "set_epoch"):
         dataset.set_epoch(epoch)
     loader.sampler.set_epoch(epoch, start=offset * loader.batch_size)
     return _indexed_only(loader, reading)
 
 
-def inference_batches(loader: DataLoader, reading: Reading, share: Share) -> Iterator[MicroBatch]:
+def inference_batches(loader: DataLoader, reading: Reading, share: Share,
+                      device: torch.device | None = None) -> Iterator[MicroBatch]:
     """The batches of an evaluation or a prediction (no epochs, no shuffling), reading what `reading` says."""
     if is_stream(loader):
-        return _telling(_loaded(iter(loader), itertools.repeat(None)), share) if reading.images else _told(share)
+        if not reading.images:
+            return _told(share)
+        return _telling(ahead_on_device(_loaded(iter(loader), itertools.repeat(None)), device), share)
     loader.sampler.set_epoch(0)
     if reading.images:
-        return _loaded(iter(loader), loader.batch_sampler)
+        return ahead_on_device(_loaded(iter(loader), loader.batch_sampler), device)
     return _indexed_only(loader, reading)
 
 
@@ -117,6 +121,44 @@ def _indexed_only(loader: DataLoader, reading: Reading) -> Iterator[MicroBatch]:
     for indices in loader.batch_sampler:
         ids = torch.tensor(indices)
         yield MicroBatch(len(indices), ids, labels=reading.labels[ids] if reading.labels is not None else None)
+
+
+def ahead_on_device(batches: Iterator[MicroBatch], device: torch.device | None) -> Iterator[MicroBatch]:
+    """`batches` with their images and labels copied to a CUDA `device` one micro-batch ahead, on a CUDA stream of
+    their own: the copy of the next micro-batch runs while the ticks of the current one compute, asynchronously from
+    pinned memory (`dataloader_pin_memory`, which the loader applies on a machine with CUDA). Each is handed on once
+    the compute stream has been told to wait for its copy. Elsewhere `batches` as they are (the engine moves
+    tensors to its device itself). The next micro-batch is read from the loader, never from the pipeline's other
+    ranks, before the current one is handed on."""
+    if device is None or device.type != "cuda":
+        yield from batches
+        return
+    copies = torch.cuda.Stream(device)
+
+    def start_copy(batch: MicroBatch) -> tuple[MicroBatch, torch.cuda.Event]:
+        with torch.cuda.stream(copies):
+            moved = {name: value.to(device, non_blocking=True) for name in ("pixel_values", "labels")
+                     if torch.is_tensor(value := getattr(batch, name))}
+        copied = torch.cuda.Event()
+        copied.record(copies)
+        return dataclasses.replace(batch, **moved), copied
+
+    def ready(batch: MicroBatch, copied: torch.cuda.Event) -> MicroBatch:
+        compute = torch.cuda.current_stream(device)
+        compute.wait_event(copied)
+        for value in (batch.pixel_values, batch.labels):
+            if torch.is_tensor(value):
+                value.record_stream(compute)  # the allocator must not reuse it while the compute stream reads it
+        return batch
+
+    ahead = None
+    for batch in batches:
+        started = start_copy(batch)
+        if ahead is not None:
+            yield ready(*ahead)
+        ahead = started
+    if ahead is not None:
+        yield ready(*ahead)
 
 
 def _telling(batches: Iterator[MicroBatch], share: Share) -> Iterator[MicroBatch]:

@@ -238,7 +238,8 @@ class PetraTrainer(Trainer):
                 self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
             fed_this_epoch, stopped = offset, False
             batches = rank_batches(loader, self.train_dataset, self._reading, epoch, offset, self.replica,
-                                   args.petra_data_parallel, data_seed(args), self.pipeline.share_from_first_stage)
+                                   args.petra_data_parallel, data_seed(args), self.pipeline.share_from_first_stage,
+                                   self.pipeline.device)
             if self.compute_loss_func is not None:  # its num_items_in_batch counts the whole step's items
                 batches = with_step_labels(batches, args, counts=self.pipeline.has_last_stage)
             for batch in batches:
@@ -432,7 +433,7 @@ class PetraTrainer(Trainer):
         self._sync_model()
         pipeline = self._pipeline_for_inference()
         batches = inference_batches(loader, self._inference_reading(loader, pipeline, prefix),
-                                    pipeline.share_from_first_stage)
+                                    pipeline.share_from_first_stage, pipeline.device)
         return run_inference(pipeline, batches, loss_function(self), self.compute_metrics, prefix,
                              self.preprocess_logits_for_metrics, keep_outputs)
 
