@@ -193,3 +193,37 @@ def test_batches_stay_as_they_are_where_the_device_is_not_a_gpu():
     batches = [MicroBatch(2, None, torch.zeros(2, 3, 4, 4), torch.tensor([0, 1])) for _ in range(3)]
     for device in (None, torch.device("cpu"), torch.device("meta")):
         assert all(a is b for a, b in zip(ahead_on_device(iter(batches), device), batches, strict=True))
+
+
+class WorkerLogged(Dataset):
+    """A data set whose items, loaded in a DataLoader worker, leave a line naming the loading process's rank."""
+
+    def __init__(self, base, log_path):
+        self.base, self.log_path, self.info, self.labels = base, log_path, base.info, base.labels
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, index):
+        import os
+
+        if torch.utils.data.get_worker_info() is not None:
+            with open(self.log_path, "a") as log:
+                log.write(f"{os.environ['RANK']}\n")
+        return self.base[index]
+
+
+def _train_with_a_worker(rank, world_size, folder, log_path):
+    as_launched(rank, world_size)
+    trainer = make_trainer(folder, train=WorkerLogged(train_set(), log_path), max_steps=2, dataloader_num_workers=1,
+                           petra_partition="4,3,3")
+    trainer.train()
+    return trainer.pipeline.has_first_stage
+
+
+def test_only_the_first_stage_process_starts_dataloader_workers(tmp_path):
+    log_path = tmp_path / "loaded-in-workers"
+    results, _, _ = run_ranks(_train_with_a_worker, 3, str(tmp_path / "three"), str(log_path), deadline=240)
+    assert [r["value"] for r in results] == [True, False, False], [r and r.get("traceback") for r in results]
+    loaded = log_path.read_text().split()
+    assert set(loaded) == {"0"} and len(loaded) >= 2 * K * MICRO_BATCH  # and what its worker prefetched
