@@ -152,11 +152,11 @@ def measure(kind: str, data_dir: Path, way: str, steps: int, processes: int, fol
 def _building_peak(rank: int, world_size: int, data_dir: str, keep_images: bool) -> dict:
     from petra_hub.data import load_image_dataset
 
-    before = _peak_mib()
+    peak_before, resident_before = _peak_mib(), _resident_mib()
     dataset = load_image_dataset("imagenet32", "train", data_dir=data_dir, keep_images=keep_images)
     dataset[0], dataset[len(dataset) - 1]  # the items a process without the first stage checks
-    return {"images": len(dataset), "keep_images": keep_images, "peak_mib": _peak_mib() - before,
-            "held_mib": _resident_mib() - before}
+    return {"images": len(dataset), "keep_images": keep_images, "peak_mib": _peak_mib() - peak_before,
+            "held_mib": _resident_mib() - resident_before}
 
 
 def building_peaks(folder: Path, images: int) -> list[dict]:

@@ -17,7 +17,7 @@ import re
 
 from transformers import TrainerControl, TrainerState
 
-from ..engine import broadcast_json, disagreements
+from ..engine import all_gather_json, broadcast_json, disagreements
 from .distributed import together, world_size
 
 # TrainerControl's flags: what the callbacks decide at each step end, epoch end, evaluation and save.
@@ -38,13 +38,20 @@ def from_rank_zero(value, doing: str):
         return broadcast_json(value, src=0)
 
 
-def agreed_control(control: TrainerControl, when: str) -> TrainerControl:
+def agreed_control(control: TrainerControl, when: str, signal: str | None = None) -> tuple[TrainerControl, dict]:
     """`control` with rank 0's flags: a callback that decides from one rank's view (its `is_world_process_zero`, its
-    clock, its files) cannot make the ranks stop, save or evaluate at different steps."""
-    flags = from_rank_zero({flag: bool(getattr(control, flag)) for flag in CONTROL_FLAGS}, f"the callbacks' {when}")
+    clock, its files) cannot make the ranks stop, save or evaluate at different steps. With them, the preemption
+    signals the ranks received (`signal`: its name, or None), as {rank: name} of those that did, the same on every
+    rank: a signal to one process is an event for all."""
+    mine = {"flags": {flag: bool(getattr(control, flag)) for flag in CONTROL_FLAGS}, "signal": signal}
+    if world_size() <= 1:
+        every = [mine]
+    else:
+        with together(f"agree with the other processes on the callbacks' {when}"):
+            every = all_gather_json(mine)
     for flag in CONTROL_FLAGS:
-        setattr(control, flag, bool(flags[flag]))
-    return control
+        setattr(control, flag, bool(every[0]["flags"][flag]))
+    return control, {rank: str(told["signal"]) for rank, told in enumerate(every) if told["signal"] is not None}
 
 
 def shared_fields(state: TrainerState) -> dict:

@@ -103,6 +103,12 @@ class PetraTrainingArguments(TrainingArguments):
     petra_timeout: float = field(
         default=120.0, metadata={"help": "Seconds before a dead or stalled peer process becomes an error."}
     )
+    petra_preemption_grace: float = field(
+        default=30.0,
+        metadata={"help": "Seconds a preemption (SIGTERM, or a first Ctrl-C) leaves to save a checkpoint at the next "
+                          "step end and exit with status 75 (preempted, resumable); past them the process exits "
+                          "without that checkpoint. 30 is Kubernetes' and torchrun's grace."},
+    )
     petra_streams: str = field(
         default="fp32",
         metadata={"help": "With bf16 or fp16: dtype of the streams between stages, fp32 (the coupling and the "
@@ -160,6 +166,9 @@ class PetraTrainingArguments(TrainingArguments):
         self.stage_groups(None)  # validates the format
         self.precision()
         self.check_engine_options()
+        if not (isinstance(self.petra_preemption_grace, (int, float)) and self.petra_preemption_grace > 0):
+            raise ValueError(f"petra_preemption_grace must be a positive number of seconds, got "
+                             f"{self.petra_preemption_grace!r}")
         if self.petra_delay_lr_warmup < 0:
             raise ValueError(f"petra_delay_lr_warmup must be >= 0 (0: off), got {self.petra_delay_lr_warmup}")
         if self.petra_gradient_fidelity_steps < 0:

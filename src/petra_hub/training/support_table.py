@@ -331,6 +331,9 @@ TRAINING_ARGUMENT_SUPPORT: dict[str, FieldSupport] = {
     "petra_lr_gamma": _honoured("LR factor at each of petra_lr_milestones"),
     "petra_data_parallel": _honoured("D pipeline replicas over the W = P x D processes, each reading its own share"),
     "petra_timeout": _honoured("seconds before a dead or stalled peer process becomes an error"),
+    "petra_preemption_grace": _honoured(
+        "seconds a SIGTERM or first Ctrl-C leaves to save a checkpoint and exit with status 75 (preempted, resumable)"
+    ),
     "petra_streams": _honoured("with bf16 or fp16: dtype of the streams between stages (fp32 default, or bf16)"),
     "petra_message_dtype": _honoured(
         "bf16 or fp16: dtype activations and gradients cross stage boundaries in (reconstruction payloads excepted)"

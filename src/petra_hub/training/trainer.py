@@ -31,7 +31,8 @@ from .batches import check_all_labels, check_first_batch, data_seed, dataset_lab
 from .batches import first_items, labels_digest, plan_steps, repeated_first_batch, split_batch
 from .card import name_labels, save_run_folder, write_run_card
 from .card_data import record_evaluation
-from .checkpoint import PetraState, checkpoint_to_resume, end_with_the_best, load_stage_states, load_trainer_state
+from .checkpoint import PetraState, checkpoint_folder, checkpoint_to_resume, end_with_the_best, load_stage_states
+from .checkpoint import load_trainer_state, validate_checkpoint
 from .checkpoint_checks import check_model_tensors, check_positions
 from .checkpoint import copy_repository_files, pushes_now, write_checkpoint
 from .distributed import broadcast_module, check_same_run, check_shared_output_dir, process_rank
@@ -43,6 +44,7 @@ from .guards import RunLock, check_and_lock_output_dir, check_finite
 from .losses import LossWindow, PendingLosses, collect, training_logs
 from .optimization import optimizer_factory, scheduler_factory, stage_optimizer
 from .plug_ins import check_plug_ins, check_trainable, loss_function, with_step_labels
+from .preemption import PreemptionWatch, begin_preemption_save, preempted, resume_after_restart
 from .rng_state import restore_rng_state
 from .sampler import EpochSampler
 from .support import check_supported
@@ -79,6 +81,7 @@ class PetraTrainer(Trainer):
         self._lock = RunLock(args.output_dir)
         self._profile_batch = None  # with petra_partition="auto": the micro-batch the stages are measured on
         self._schedules = None  # the training pipeline's LR schedules (`StageSchedules`)
+        self._preemption = PreemptionWatch(args.petra_preemption_grace)  # entered while `train` runs
 
     def _make_stages(self) -> list:
         model_stages = self.model.get_stages()
@@ -294,12 +297,17 @@ class PetraTrainer(Trainer):
         return getattr(optimizer_cls, "__name__", type(optimizer_cls).__name__)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
+        """Trainer's `train`, resuming by itself after a torchrun restart (`preemption.resume_after_restart`) and
+        ending on SIGTERM or a first Ctrl-C with a checkpoint and `Preempted` (exit status 75)."""
         check_supported(self.args)
+        resume_from_checkpoint = resume_after_restart(resume_from_checkpoint, self.args.output_dir)
         resume_from_checkpoint = checkpoint_to_resume(resume_from_checkpoint, self.args.output_dir, len(self.stages))
         if resume_from_checkpoint is not None:  # before transformers loads it, which accepts missing weights
             check_model_tensors(resume_from_checkpoint, self.model)
+        self._preemption = PreemptionWatch(self.args.petra_preemption_grace)
         try:
-            return super().train(resume_from_checkpoint, *args, **kwargs)
+            with self._preemption:
+                return super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
             self._lock.release()
 
@@ -359,19 +367,27 @@ class PetraTrainer(Trainer):
         """What the callbacks decided at a step or epoch end, as rank 0's callbacks decided it (`agreed_control`), so
         that every rank evaluates, saves and stops at the same steps; after an evaluation or a save, the ranks'
         trainer states and checkpoints are compared (`check_ranks_agree`)."""
-        self.control = agreed_control(self.control, "decision at step end")
+        self.control, signalled = agreed_control(self.control, "decision at step end", self._preemption.received)
+        run_dir = self._get_output_dir(trial=trial)
+        if signalled:
+            begin_preemption_save(self._preemption, signalled, run_dir, self.state.global_step, self.control,
+                                  announce=self.is_world_process_zero())
         if self.control.should_log and self.state.global_step > self._globalstep_last_logged:
             self._log_training()
         drained = self.control.should_evaluate or self.control.should_save
         if self.control.should_evaluate:
             self._evaluate_and_track(trial, ignore_keys_for_eval)
-            self.control = agreed_control(self.control, "decision after evaluating")
+            self.control, _ = agreed_control(self.control, "decision after evaluating")
         if self.control.should_save:
             self._save_checkpoint(self.model, trial)
             self.control = self.callback_handler.on_save(self.args, self.state, self.control)
-            self.control = agreed_control(self.control, "decision after saving")
+            self.control, _ = agreed_control(self.control, "decision after saving")
         if drained:
-            check_ranks_agree(self.state, self._get_output_dir(trial=trial), f"at global step {self.state.global_step}")
+            check_ranks_agree(self.state, run_dir, f"at global step {self.state.global_step}")
+        if signalled:
+            final = checkpoint_folder(run_dir, self.state.global_step)
+            validate_checkpoint(final, len(self.stages))
+            raise preempted(final)
 
     def _evaluate_and_track(self, trial, ignore_keys_for_eval) -> None:
         metrics = self.evaluate(ignore_keys=ignore_keys_for_eval)
