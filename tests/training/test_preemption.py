@@ -148,22 +148,32 @@ def test_a_run_goes_on_from_two_to_three_to_one_process_as_if_uninterrupted(tmp_
     assert all(torch.equal(value, uninterrupted[name]) for name, value in finished.items())
 
 
-def test_a_job_torchrun_restarts_after_a_killed_process_resumes_by_itself(tmp_path):
+def test_a_job_under_torchrun_resumes_after_a_killed_process_and_saves_when_the_launcher_is_told_to_stop(tmp_path):
+    """One torchrun job (`tests/scripts/restarted_run.py`): a process killed after checkpoint-4, the job restarted
+    and resumed by itself, then SIGTERM to torchrun at step 6, passed on to both processes, which save checkpoint-6
+    and exit with status 75. Resumed once more to step 8, the weights are the uninterrupted run's (every save of
+    both runs is at an even step: the same drains)."""
     import subprocess
     import sys
     from pathlib import Path
 
-    from safetensors.torch import load_file
-
     root = Path(__file__).resolve().parents[2]
+    run, marks = tmp_path / "run", tmp_path / "marks"
+    marks.mkdir()
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "--max-restarts", "1", str(root / "tests" / "scripts" / "restarted_run.py"), str(tmp_path / "run")]
+               "--max-restarts", "1", str(root / "tests" / "scripts" / "restarted_run.py"), str(run), str(marks)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert (tmp_path / "run" / "restarts").read_text() == "1"
-    assert "resuming from" in result.stderr and "checkpoint-4" in result.stderr
+    output = result.stdout + result.stderr
+    log = output[-6000:]
+    assert [(marks / f"attempt-{rank}").read_text() for rank in (0, 1)] == ["1", "1"], log
+    assert f"restart 1 of this job: resuming from {run / 'checkpoint-4'}" in output, log
+    assert "preempted (SIGTERM on process 1) at global step 6" in output, log
+    assert [(marks / f"preempted-{rank}").read_text() for rank in (0, 1)] == ["75 checkpoint-6"] * 2, log
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    finished = make_trainer(run, max_steps=STEPS, save_strategy="steps", save_steps=2)
+    finished.train(resume_from_checkpoint=True)
     reference = make_trainer(tmp_path / "reference", max_steps=STEPS, save_strategy="steps", save_steps=2)
     reference.train()
-    trained = load_file(str(tmp_path / "run" / "trained.safetensors"))
-    assert all(torch.equal(trained[name], value) for name, value in weights(reference).items())
+    expected = weights(reference)
+    assert all(torch.equal(value, expected[name]) for name, value in weights(finished).items())

@@ -122,8 +122,12 @@ def begin_preemption_save(watch: PreemptionWatch, signalled: dict[int, str], run
                        "a restart resumes from %s", who, step, step, left, fallback)
 
 
-def preempted(checkpoint: str) -> Preempted:
-    """The exception every rank raises once the preemption checkpoint is published and checked."""
-    return Preempted(f"preempted: {checkpoint} is saved and complete; exiting with status {PREEMPTED_EXIT_STATUS} "
-                     "(preempted, resumable). Train again with resume_from_checkpoint=True, or under torchrun "
-                     "--max-restarts, which resumes by itself.", checkpoint)
+def preempted(checkpoint: str, announce: bool) -> Preempted:
+    """The exception every rank raises once the preemption checkpoint is published and checked (said, where
+    `announce`, since a SystemExit's message is not printed)."""
+    message = (f"preempted: {checkpoint} is saved and complete; exiting with status {PREEMPTED_EXIT_STATUS} "
+               "(preempted, resumable). Train again with resume_from_checkpoint=True, or under torchrun "
+               "--max-restarts, which resumes by itself.")
+    if announce:
+        logger.warning(message)
+    return Preempted(message, checkpoint)

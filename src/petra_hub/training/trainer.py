@@ -387,7 +387,7 @@ class PetraTrainer(Trainer):
         if signalled:
             final = checkpoint_folder(run_dir, self.state.global_step)
             validate_checkpoint(final, len(self.stages))
-            raise preempted(final)
+            raise preempted(final, announce=self.is_world_process_zero())
 
     def _evaluate_and_track(self, trial, ignore_keys_for_eval) -> None:
         metrics = self.evaluate(ignore_keys=ignore_keys_for_eval)
