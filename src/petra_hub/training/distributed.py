@@ -102,9 +102,23 @@ def init_distributed(timeout: float) -> bool:
         backend = "nccl"
     else:
         backend = "gloo"
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout), **attempt_store(timeout))
     atexit.register(release_process_group, dist.group.WORLD)
     return True
+
+
+def attempt_store(timeout: float) -> dict:
+    """Under torchrun (and `accelerate launch`, which runs it), the process group's rendezvous in a store of this
+    attempt's own: a prefix of the launcher's store, whose keys outlive a restart, so that the processes of a
+    restarted job never read the addresses of the attempt before, whose processes are gone (gloo then fails to
+    connect). Elsewhere nothing: `env://` as usual."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=datetime.timedelta(seconds=timeout))
+    return {"store": dist.PrefixStore(f"petra_hub/attempt_{attempt}", store), "rank": int(os.environ["RANK"]),
+            "world_size": int(os.environ["WORLD_SIZE"])}
 
 
 def release_process_group(group: dist.ProcessGroup) -> None:
