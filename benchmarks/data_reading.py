@@ -215,8 +215,9 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory(prefix="petra-data-reading-") as tmp:
         folder = Path(tmp)
         building = building_peaks(folder, args.images)
-        progress("peak MiB of building: " + ", ".join(f"{row['images']:,} images {'with' if row['keep_images'] else 'without'}"
-                                                       f" {row['peak_mib']:.0f}" for row in building))
+        progress("peak MiB of building: " + ", ".join(
+            f"{row['images']:,} images {'with' if row['keep_images'] else 'without'} {row['peak_mib']:.0f}"
+            for row in building))
         (folder / "imagenet32").mkdir()
         imagenet32 = make_imagenet32(folder / "imagenet32", args.images)
         pngs = make_pngs(folder / "pngs", args.pngs)

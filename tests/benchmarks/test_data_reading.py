@@ -23,9 +23,9 @@ def test_the_summary_takes_medians_over_repeats_and_pairs_the_ratios_by_repeat()
                   "peak_rss_mib": 3.0, "reads_images": rank == 0, "reads_labels": rank == 1} for rank in range(2)]
         return {"data": "imagenet32", "way": way, "repeat": repeat, "ranks": ranks, "images_per_s": images_per_s}
 
-    rows = [run("every-process", 0, 100.0, 1.0), run("every-process", 1, 200.0, 5.0), run("every-process", 2, 50.0, 3.0),
-            run("only-what-it-needs", 0, 110.0, 0.0), run("only-what-it-needs", 1, 300.0, 0.0),
-            run("only-what-it-needs", 2, 60.0, 0.0)]
+    rows = [run("every-process", 0, 100.0, 1.0), run("every-process", 1, 200.0, 5.0),
+            run("every-process", 2, 50.0, 3.0), run("only-what-it-needs", 0, 110.0, 0.0),
+            run("only-what-it-needs", 1, 300.0, 0.0), run("only-what-it-needs", 2, 60.0, 0.0)]
     every, only = bench.summarize(rows)
     assert (every["way"], every["repeats"], every["images_per_s"]) == ("every-process", 3, 100.0)
     assert [rank["data_cpu_s"] for rank in every["ranks"]] == [3.0, 4.0]

@@ -149,7 +149,7 @@ def test_every_reader_is_checked_for_items_and_label_range(monkeypatch):
         def __init__(self, labels):
             self.labels = torch.tensor(labels, dtype=torch.int64)
 
-        def __call__(self, spec, split, data_dir):
+        def __call__(self, spec, split, data_dir, keep_images=True):
             return (lambda i: torch.zeros(3, 16, 16)), self.labels, spec.info
 
     monkeypatch.setitem(DATASET_SPECS, "digits", replace(spec, reader=Reader([0, 10])))

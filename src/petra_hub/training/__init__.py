@@ -6,5 +6,5 @@ from .preemption import PREEMPTED_EXIT_STATUS, Preempted
 from .sampler import EpochSampler
 from .trainer import PetraTrainer
 
-__all__ = ["EpochSampler", "GradientFidelityCallback", "PREEMPTED_EXIT_STATUS", "PetraTrainer", "PetraTrainingArguments",
-           "Preempted"]
+__all__ = ["EpochSampler", "GradientFidelityCallback", "PREEMPTED_EXIT_STATUS", "PetraTrainer",
+           "PetraTrainingArguments", "Preempted"]
