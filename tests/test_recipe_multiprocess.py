@@ -67,14 +67,6 @@ def test_two_process_recipe_ends_with_a_loadable_checkpoint(tmp_path):
     assert "2" in card.text
 
 
-def test_three_processes_build_the_same_initial_model(tmp_path):
-    out = tmp_path / "run"
-    argv = ["--output_dir", str(out), "--hidden_sizes", "8,8,16,16", "--embedding_size", "8", "--seed", "3"]
-    launch(3, argv, tmp_path, RECIPE_PREPARE_ONLY="1")
-    digests = {json.loads((out / f"rank{r}.json").read_text())["initial_weights"] for r in range(3)}
-    assert digests == {weights_digest(recipe.prepare(argv).trainer.model)}
-
-
 def test_accelerate_mixed_precision_bf16_trains_two_processes_in_bf16(tmp_path):
     """`accelerate launch --mixed_precision bf16` without --bf16: PETRA runs its bf16 policy, as transformers'
     Trainer would run bf16 autocast."""

@@ -111,34 +111,57 @@ def test_what_each_rank_reads_follows_its_stages_and_the_labels_column():
     assert reading_for(True, False, stream, column, first).images
 
 
-def _train_on_cifar_files(rank, world_size, folder, data_dir):
-    """Train on CIFAR-10 batch files, each process holding the images only where it runs the first stage."""
+class WorkerLogged(Dataset):
+    """A data set whose items, loaded in a DataLoader worker, leave a line naming the loading process's rank."""
+
+    def __init__(self, base, log_path):
+        self.base, self.log_path, self.info, self.labels = base, log_path, base.info, base.labels
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, index):
+        import os
+
+        if torch.utils.data.get_worker_info() is not None:
+            with open(self.log_path, "a") as log:
+                log.write(f"{os.environ.get('RANK', '0')}\n")
+        return self.base[index]
+
+
+def _train_on_cifar_files(rank, world_size, folder, data_dir, log_path, workers=1):
+    """Train on CIFAR-10 batch files, each process holding the images only where it runs the first stage, with a
+    DataLoader worker that logs the items it loads."""
     from petra_hub.training import PetraTrainingArguments
 
     if world_size > 1:
         as_launched(rank, world_size)
     keep_images = PetraTrainingArguments(output_dir=folder, report_to=[]).runs_first_stage()
     data = load_image_dataset("cifar10", "train", data_dir=data_dir, keep_images=keep_images)
-    trainer = make_trainer(folder, train=data, max_steps=STEPS, petra_partition="4,3,3" if world_size == 3 else None)
+    trainer = make_trainer(folder, train=WorkerLogged(data, log_path), max_steps=STEPS, dataloader_num_workers=workers,
+                           petra_partition="4,3,3" if world_size == 3 else None)
     trainer.train()
     kept_file = getattr(data._source, "_kept_file", "all")  # the files read on demand: those of the checked items
     return {"keep_images": keep_images, "runs_first_stage": trainer.pipeline.has_first_stage, "kept_file": kept_file,
             "state": {k: v.clone() for k, v in trainer.model.state_dict().items()}}
 
 
-def test_processes_without_the_first_stage_hold_no_images_and_train_as_one_process_does(tmp_path):
+def test_processes_without_the_first_stage_hold_no_images_start_no_workers_and_train_as_one_process_does(tmp_path):
     import numpy as np
 
     from petra_hub.testing.data_files import write_cifar10
 
     write_cifar10(str(tmp_path / "cifar"), np.random.default_rng(0), n_train=20)
-    data_dir = str(tmp_path / "cifar")
-    results, _, _ = run_ranks(_train_on_cifar_files, 3, str(tmp_path / "three"), data_dir, deadline=240)
+    data_dir, log_path = str(tmp_path / "cifar"), tmp_path / "loaded-in-workers"
+    results, _, _ = run_ranks(_train_on_cifar_files, 3, str(tmp_path / "three"), data_dir, str(log_path),
+                              deadline=240)
     assert all(r is not None and "value" in r for r in results), [r and r.get("traceback") for r in results]
     values = [r["value"] for r in results]
     assert [v["keep_images"] for v in values] == [v["runs_first_stage"] for v in values] == [True, False, False]
     assert [v["kept_file"] for v in values] == ["all", 0, 0]  # the first file: the checked first items' only
-    one = _train_on_cifar_files(0, 1, str(tmp_path / "one"), data_dir)
+    loaded = log_path.read_text().split()
+    assert set(loaded) == {"0"} and len(loaded) >= STEPS * K * MICRO_BATCH  # and what its worker prefetched
+    one = _train_on_cifar_files(0, 1, str(tmp_path / "one"), data_dir, str(tmp_path / "one-log"), workers=0)
     assert one["keep_images"]
     for value in values:
         assert all(torch.equal(value["state"][name], one["state"][name]) for name in one["state"])
@@ -193,37 +216,3 @@ def test_batches_stay_as_they_are_where_the_device_is_not_a_gpu():
     batches = [MicroBatch(2, None, torch.zeros(2, 3, 4, 4), torch.tensor([0, 1])) for _ in range(3)]
     for device in (None, torch.device("cpu"), torch.device("meta")):
         assert all(a is b for a, b in zip(ahead_on_device(iter(batches), device), batches, strict=True))
-
-
-class WorkerLogged(Dataset):
-    """A data set whose items, loaded in a DataLoader worker, leave a line naming the loading process's rank."""
-
-    def __init__(self, base, log_path):
-        self.base, self.log_path, self.info, self.labels = base, log_path, base.info, base.labels
-
-    def __len__(self):
-        return len(self.base)
-
-    def __getitem__(self, index):
-        import os
-
-        if torch.utils.data.get_worker_info() is not None:
-            with open(self.log_path, "a") as log:
-                log.write(f"{os.environ['RANK']}\n")
-        return self.base[index]
-
-
-def _train_with_a_worker(rank, world_size, folder, log_path):
-    as_launched(rank, world_size)
-    trainer = make_trainer(folder, train=WorkerLogged(train_set(), log_path), max_steps=2, dataloader_num_workers=1,
-                           petra_partition="4,3,3")
-    trainer.train()
-    return trainer.pipeline.has_first_stage
-
-
-def test_only_the_first_stage_process_starts_dataloader_workers(tmp_path):
-    log_path = tmp_path / "loaded-in-workers"
-    results, _, _ = run_ranks(_train_with_a_worker, 3, str(tmp_path / "three"), str(log_path), deadline=240)
-    assert [r["value"] for r in results] == [True, False, False], [r and r.get("traceback") for r in results]
-    loaded = log_path.read_text().split()
-    assert set(loaded) == {"0"} and len(loaded) >= 2 * K * MICRO_BATCH  # and what its worker prefetched
