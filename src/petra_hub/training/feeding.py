@@ -124,12 +124,13 @@ def _indexed_only(loader: DataLoader, reading: Reading) -> Iterator[MicroBatch]:
 
 
 def ahead_on_device(batches: Iterator[MicroBatch], device: torch.device | None) -> Iterator[MicroBatch]:
-    """`batches` with their images and labels copied to a CUDA `device` one micro-batch ahead, on a CUDA stream of
-    their own: the copy of the next micro-batch runs while the ticks of the current one compute, asynchronously from
-    pinned memory (`dataloader_pin_memory`, which the loader applies on a machine with CUDA). Each is handed on once
-    the compute stream has been told to wait for its copy. Elsewhere `batches` as they are (the engine moves
-    tensors to its device itself). The next micro-batch is read from the loader, never from the pipeline's other
-    ranks, before the current one is handed on."""
+    """`batches` with their images copied to a CUDA `device` one micro-batch ahead, on a CUDA stream of their own:
+    the copy of the next micro-batch runs while the ticks of the current one compute, asynchronously from pinned
+    memory (`dataloader_pin_memory`, which the loader applies on a machine with CUDA). Each is handed on once the
+    compute stream has been told to wait for its copy. The labels stay where they are: small, told to other ranks
+    from the CPU (streams), and moved by the engine where the last stage runs. Elsewhere `batches` as they are.
+    The next micro-batch is read from the loader, never from the pipeline's other ranks, before the current one is
+    handed on."""
     if device is None or device.type != "cuda":
         yield from batches
         return
@@ -137,18 +138,15 @@ def ahead_on_device(batches: Iterator[MicroBatch], device: torch.device | None) 
 
     def start_copy(batch: MicroBatch) -> tuple[MicroBatch, torch.cuda.Event]:
         with torch.cuda.stream(copies):
-            moved = {name: value.to(device, non_blocking=True) for name in ("pixel_values", "labels")
-                     if torch.is_tensor(value := getattr(batch, name))}
+            pixel_values = batch.pixel_values.to(device, non_blocking=True)
         copied = torch.cuda.Event()
         copied.record(copies)
-        return dataclasses.replace(batch, **moved), copied
+        return dataclasses.replace(batch, pixel_values=pixel_values), copied
 
     def ready(batch: MicroBatch, copied: torch.cuda.Event) -> MicroBatch:
         compute = torch.cuda.current_stream(device)
         compute.wait_event(copied)
-        for value in (batch.pixel_values, batch.labels):
-            if torch.is_tensor(value):
-                value.record_stream(compute)  # the allocator must not reuse it while the compute stream reads it
+        batch.pixel_values.record_stream(compute)  # the allocator must not reuse it while the compute stream reads it
         return batch
 
     ahead = None
