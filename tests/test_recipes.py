@@ -267,8 +267,9 @@ def test_do_eval_false_also_turns_off_the_per_epoch_evaluation():
 
 
 def test_resume_from_checkpoint_values(tmp_path):
-    assert recipe.resolve_checkpoint(None, str(tmp_path)) is None
-    assert recipe.resolve_checkpoint(False, str(tmp_path)) is None
+    assert recipe.resolve_checkpoint(None, str(tmp_path)) is None  # the trainer's choice: a restarted job resumes
+    for value in (False, "false", "no"):  # afresh, even in a restarted job
+        assert recipe.resolve_checkpoint(value, str(tmp_path)) is False
     for value in (True, "true", "last", "LAST"):
         with pytest.raises(ValueError, match="no checkpoint-N folder"):
             recipe.resolve_checkpoint(value, str(tmp_path))

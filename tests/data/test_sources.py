@@ -331,3 +331,11 @@ def test_an_npz_read_without_its_images_costs_no_memory_for_them(tmp_path):
     held, on_demand = peak_of(True), peak_of(False)
     assert held > 60e6
     assert on_demand < 1e6, on_demand  # the labels (160 KB) and the per-item read counts, not the images
+
+
+def test_a_batch_file_changed_after_its_labels_were_read_is_an_error_naming_it(tmp_path):
+    _write_imagenet32(str(tmp_path), np.random.default_rng(10))
+    dataset = load_image_dataset("imagenet32", "test", data_dir=str(tmp_path), keep_images=False)
+    _write(str(tmp_path / "val_data"), pickle.dumps({"data": np.zeros((2, 3072), np.float32), "labels": [1, 2]}))
+    with pytest.raises(ValueError, match=r"val_data changed since its labels were read: expected 3 x 3072 uint8"):
+        dataset[0]

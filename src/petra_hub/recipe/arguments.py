@@ -345,11 +345,15 @@ def check_architecture_flags(values: dict) -> None:
                          f"--model {values['model']} ({family.title}), whose own flags are {own}")
 
 
-def resolve_checkpoint(value, output_dir: str) -> str | None:
+def resolve_checkpoint(value, output_dir: str) -> str | bool | None:
     """`--resume_from_checkpoint`: a checkpoint folder, or `true` / `last` for the last `checkpoint-N` of
-    `output_dir`; `false` (or nothing) to start afresh. The words are the command line's; the rest is the trainer's."""
+    `output_dir`; `false` to start afresh, even in a job torchrun restarts (False); nothing to leave it to the
+    trainer, which resumes a restarted job by itself (None). The words are the command line's; the rest is the
+    trainer's."""
     word = str(value).strip().lower() if isinstance(value, str) else None
-    if word in ("", "false", "none", "no"):
+    if value is False or word in ("false", "no"):
+        return False
+    if word in ("", "none"):
         value = None
     elif word in ("true", "last", "yes"):
         value = True

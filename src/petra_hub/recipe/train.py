@@ -81,7 +81,7 @@ class Recipe:
     training_args: RecipeTrainingArguments
     data: RecipeData
     trainer: PetraTrainer
-    checkpoint: str | None
+    checkpoint: str | bool | None  # resolve_checkpoint: False starts afresh even in a restarted job
 
 
 def prepare(argv: list[str] | None = None) -> Recipe:

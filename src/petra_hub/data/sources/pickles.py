@@ -111,8 +111,9 @@ class _ChunksOnDemand:
     (``keep_images=False``): ``readers[k]()`` gives file k's rows (its array read again, or an ``.npz`` member's
     `NpzRows`). The last file read is kept, so a few items cost a few reads and at most one file's memory."""
 
-    def __init__(self, readers: Sequence[Callable[[], np.ndarray | NpzRows]], sizes: Sequence[int]):
-        self.readers = readers
+    def __init__(self, readers: Sequence[Callable[[], np.ndarray | NpzRows]], sizes: Sequence[int],
+                 wheres: Sequence[str]):
+        self.readers, self.sizes, self.wheres = readers, sizes, wheres
         self.starts = np.cumsum([0, *sizes]).tolist()
         self._kept_file, self._kept_rows = None, None
 
@@ -120,8 +121,16 @@ class _ChunksOnDemand:
         k = bisect.bisect_right(self.starts, index) - 1
         if self._kept_file != k:
             self._kept_file, self._kept_rows = None, None  # freed before the next file is read
-            self._kept_rows, self._kept_file = self.readers[k](), k
+            self._kept_rows, self._kept_file = self._read_again(k), k
         return _image(self._kept_rows, index - self.starts[k])
+
+    def _read_again(self, k: int) -> np.ndarray | NpzRows:
+        rows = self.readers[k]()
+        shape = getattr(rows, "shape", None)
+        if not isinstance(rows, (np.ndarray, NpzRows)) or rows.dtype != np.uint8 or shape != (self.sizes[k], ROW_BYTES):
+            raise ValueError(f"{self.wheres[k]} changed since its labels were read: expected {self.sizes[k]:,} x "
+                             f"{ROW_BYTES} uint8 images, found {getattr(rows, 'dtype', type(rows).__name__)} {shape}")
+        return rows
 
 
 def _image(rows: np.ndarray | NpzRows, index: int) -> torch.Tensor:
@@ -132,15 +141,17 @@ def _batches(spec: DatasetSpec, named_dicts, label_key: str, first_label: int, m
              rereaders: Sequence[Callable[[], np.ndarray | NpzRows]] | None = None) -> Loaded:
     """Validated batches of ``(where, dict)`` pairs as a source, 0-based labels and info. With ``rereaders`` (one per
     batch, giving its ``data`` again), no image is held: the source reads one when asked."""
-    arrays, labels = [], []
+    arrays, labels, wheres = [], [], []
     hi = first_label + spec.info.num_labels - 1
     for where, d in named_dicts:
+        wheres.append(where)
         lab = _check_batch(d, label_key, where, first_label, hi, max_rows)
         if rereaders is None:
             arrays.append(d["data"])
         labels.append(lab - first_label)
         del d  # a batch's images are dropped as soon as it is checked when they are read again on demand
-    source = _Chunks(arrays) if rereaders is None else _ChunksOnDemand(rereaders, [len(lab) for lab in labels])
+    source = _Chunks(arrays) if rereaders is None else \
+        _ChunksOnDemand(rereaders, [len(lab) for lab in labels], wheres)
     return source, torch.from_numpy(np.concatenate(labels)), spec.info
 
 
