@@ -95,3 +95,15 @@ def data_reading_building(r, arg=None):
     rows = [[f"{row['images']:,}", "yes" if row["keep_images"] else "no", f"{row['peak_mib']:.0f}",
              f"{row['held_mib']:.0f}"] for row in r["building"]]
     return table(["images", "holds them", "peak MiB added", "held MiB"], rows, "rlrr")
+
+
+@renders("chaos", "main")
+def chaos_main(r, arg=None):
+    """Per fault injected into the job under torchrun: whom it hit, where, how long until the job trained again,
+    the steps recomputed and the checkpoints written since the fault before."""
+    rows = [[record["fault"], record["rank"], record["at_step"], record["resumed_from_step"],
+             record["steps_recomputed"], f"{record['seconds_to_training']:.1f}",
+             len(record["saves_since_last_fault"]), f"{record['bytes_written'] / 2**20:.1f}"] for record in r["faults"]]
+    header = ["fault", "process", "at step", "resumed from step", "steps recomputed", "s to training again",
+              "checkpoints written", "MiB written"]
+    return table(header, rows, "lrrrrrrr")
