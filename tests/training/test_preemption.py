@@ -178,3 +178,18 @@ def test_a_job_under_torchrun_resumes_after_a_killed_process_and_saves_when_the_
     reference.train()
     expected = weights(reference)
     assert all(torch.equal(value, expected[name]) for name, value in weights(finished).items())
+
+
+def test_outside_the_main_thread_the_signals_keep_their_effect_and_it_says_so(caplog):
+    import threading
+
+    before, seen = signal.getsignal(signal.SIGTERM), []
+
+    def enter():
+        with PreemptionWatch(grace=30):
+            seen.append(signal.getsignal(signal.SIGTERM))
+
+    thread = threading.Thread(target=enter)
+    thread.start()
+    thread.join()
+    assert seen == [before] and "outside the main thread" in caplog.text

@@ -57,9 +57,12 @@ class PreemptionWatch:
         return self.received is not None
 
     def __enter__(self) -> PreemptionWatch:
-        if threading.current_thread() is threading.main_thread():
-            for number in self.SIGNALS:
-                self._previous[number] = signal.signal(number, self._on_signal)
+        if threading.current_thread() is not threading.main_thread():
+            logger.warning("training runs outside the main thread, where Python cannot catch signals: SIGTERM and "
+                           "Ctrl-C keep their usual effect, without a preemption checkpoint")
+            return self
+        for number in self.SIGNALS:
+            self._previous[number] = signal.signal(number, self._on_signal)
         return self
 
     def __exit__(self, *exc) -> None:
