@@ -6,14 +6,29 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def test_quick_run_writes_predictions_beside_measurements(tmp_path, report):
-    out = tmp_path / "simulator.json"
-    subprocess.run([sys.executable, str(BENCHMARKS / "simulator.py"), "--quick", "--out", str(out)], check=True,
-                   capture_output=True, timeout=300)
-    result = json.loads(out.read_text())
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """One quick run of the engine's modes and of torch's schedules (Schedule1F1B at each checkpointing, and a
+    multi-chunk schedule on its 2W chunks, at m = 4): the two kinds of rows land in one file."""
+    out = tmp_path_factory.mktemp("simulator") / "simulator.json"
+    subprocess.run([sys.executable, str(BENCHMARKS / "simulator.py"), "--quick", "--modes", "petra", "backprop",
+                    "--rival-microbatches", "4", "--rival-schedules", "1f1b", "zbv_zero_bubble", "--out", str(out)],
+                   check=True, capture_output=True, timeout=300)
+    return json.loads(out.read_text())
+
+
+def engine_rows(result: dict) -> list[dict]:
+    return [row for row in result["rows"] if row.get("m") is None]
+
+
+def test_quick_run_writes_predictions_beside_measurements(quick_run, tmp_path, report):
+    result = {**quick_run, "rows": engine_rows(quick_run)}  # as a run of the engine's modes alone writes them
+    (tmp_path / "simulator.json").write_text(json.dumps(result))
     assert [(row["mode"], row["partition"]) for row in result["rows"]] == [("petra", [5, 5]), ("backprop", [5, 5])]
     for row in result["rows"]:
         assert row["measured_s"] > 0 and row["predicted_s"] > 0 and len(row["windows_s"]) == 3
@@ -48,14 +63,11 @@ def test_grouped_stages_are_profiled_and_simulated_as_grouped(tmp_path, report):
     assert "| petra | 1,2/7 |" in table and "| petra | 4/6 |" in table and "| petra | 4k/6 |" in table
 
 
-def test_torch_schedules_are_measured_beside_their_simulation(tmp_path, report):
+def test_torch_schedules_are_measured_beside_their_simulation(quick_run, tmp_path, report):
     """--rival-microbatches: Schedule1F1B at each checkpointing and m, and a multi-chunk schedule on its 2W chunks,
     measured and predicted by simulate_schedule."""
-    out = tmp_path / "simulator_1f1b.json"
-    subprocess.run([sys.executable, str(BENCHMARKS / "simulator.py"), "--quick", "--modes", "--rival-microbatches",
-                    "4", "--rival-schedules", "1f1b", "zbv_zero_bubble", "--out", str(out)], check=True,
-                   capture_output=True, timeout=300)  # fmt: skip
-    result = json.loads(out.read_text())
+    result = {**quick_run, "rows": [row for row in quick_run["rows"] if row.get("m") is not None]}  # torch's alone
+    (tmp_path / "simulator_1f1b.json").write_text(json.dumps(result))
     rows = [(row["mode"], row["m"]) for row in result["rows"]]
     assert rows == [(f"1f1b ({c})", 4) for c in ("none", "all", "but_last")] + [
         (f"ScheduleZBVZeroBubble ({c})", 4) for c in ("none", "all")]
