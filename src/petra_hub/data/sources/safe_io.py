@@ -201,10 +201,18 @@ def _npy_header(fh, where: str) -> tuple[tuple[int, ...], bool, np.dtype]:
     return tuple(int(s) for s in shape), fortran_order, dtype
 
 
-def _npy_nbytes(fh, where: str) -> int:
-    """Bytes the array of an ``.npy`` stream will take, from its header alone."""
-    shape, _, dtype = _npy_header(fh, where)
-    return math.prod(shape) * dtype.itemsize
+def _member_header(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: str) -> tuple:
+    """(shape, Fortran order, dtype, offset of the first data byte within the member) of an ``.npz`` member, from its
+    header alone; refused when the header claims more data than the member holds (numpy would allocate it all, then
+    fail)."""
+    with zf.open(info) as fh:
+        shape, fortran_order, dtype = _npy_header(fh, f"{path}: {info.filename}")
+        offset = fh.tell()
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > info.file_size:
+        raise _Refused(f"{path}: the header of {info.filename} claims {nbytes:,} bytes of data, the member holds "
+                       f"{info.file_size:,}")
+    return shape, fortran_order, dtype, offset
 
 
 def load_npz(path: str, max_bytes: int, what: str = "this file",
@@ -222,11 +230,7 @@ def load_npz(path: str, max_bytes: int, what: str = "this file",
         if declared > max_bytes:
             raise _too_big(f"{path} (uncompressed)", declared, max_bytes, what)
         for info in members:
-            with zf.open(info) as fh:
-                nbytes = _npy_nbytes(fh, f"{path}: {info.filename}")
-            if nbytes > info.file_size:  # numpy would allocate it all, then fail
-                raise _Refused(f"{path}: the header of {info.filename} claims {nbytes:,} "
-                               f"bytes of data, the member holds {info.file_size:,}")
+            _member_header(zf, info, path)
         out = {}
         for info in members:
             if only is not None and info.filename[: -len(".npy")] not in only:
@@ -254,9 +258,7 @@ class NpzRows:
             if self.member not in zf.namelist():
                 raise _Refused(f"{path}: no member {self.member} (members: {', '.join(zf.namelist())})")
             info = zf.getinfo(self.member)
-            with zf.open(info) as fh:
-                self.shape, fortran_order, self.dtype = _npy_header(fh, where)
-                self._first_row = fh.tell()  # within the member
+            self.shape, fortran_order, self.dtype, self._first_row = _member_header(zf, info, path)
             stored = info.compress_type == zipfile.ZIP_STORED
             self._file_offset = _stored_data_offset(zf.fp, info) + self._first_row if stored else None
         if fortran_order:
@@ -265,9 +267,6 @@ class NpzRows:
             raise _Refused(f"{where}: a scalar has no rows")
         self.ndim = len(self.shape)
         self.row_bytes = math.prod(self.shape[1:]) * self.dtype.itemsize
-        if self.shape[0] * self.row_bytes > info.file_size:
-            raise _Refused(f"{path}: the header of {self.member} claims {self.shape[0] * self.row_bytes:,} bytes of "
-                           f"data, the member holds {info.file_size:,}")
 
     def __len__(self) -> int:
         return self.shape[0]
