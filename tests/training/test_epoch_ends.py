@@ -65,10 +65,10 @@ def test_an_epoch_that_training_leaves_inside_still_ends_evaluates_and_saves(tmp
 
 def test_a_run_resumed_where_max_steps_left_an_epoch_goes_on_inside_it(tmp_path):
     """Ending an epoch that training left inside keeps the position there: resumed from checkpoint-6 (halfway through
-    epoch 2), the run equals the uninterrupted one (the same drains: a checkpoint every 2 steps)."""
+    epoch 2), the run equals an uninterrupted one that drained where the cut run ended (here by evaluating)."""
     settings = dict(save_strategy="steps", save_steps=2, lr_scheduler_type="constant")
     make_trainer(tmp_path / "cut", max_steps=6, **settings).train()
-    full = make_trainer(tmp_path / "full", max_steps=8, **settings)
+    full = make_trainer(tmp_path / "full", max_steps=8, eval_strategy="steps", eval_steps=6, **settings)
     full.train()
     resumed = make_trainer(tmp_path / "resumed", init_seed=7, max_steps=8, **settings)
     resumed.train(resume_from_checkpoint=str(tmp_path / "cut" / "checkpoint-6"))

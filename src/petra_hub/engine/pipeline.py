@@ -35,6 +35,7 @@ from .readings import Readings
 from .protocol import DRAIN, GATHER, INFER, PROBE, STEP, Moment
 from .routing import Router
 from .schedule import Schedule
+from .snapshot import loaded_targets, saved_targets
 from .tensors import Activation, as_tuple, to_device
 from .trace import EXCHANGE, Trace
 from .transport import ActivationSpec, NeighbourTransport
@@ -284,12 +285,14 @@ class Pipeline(Readings):
         """Drain (in a synchronous mode every micro-batch fed has finished already), then run in `mode`: the same
         stages, weights and optimizer states, now pipelined."""
         losses = self._drain()
-        self.running_mode = self.mode
-        self.schedule = Schedule(len(self.stages), self.mode.pipelined)
-        self.router.schedule = self.schedule
-        for worker in self.workers.values():
-            worker.enter_mode(self.mode, self.remedies)
+        self._enter_mode(self.mode)
         return losses
+
+    def _enter_mode(self, mode: Mode) -> None:
+        self.running_mode = mode
+        self.schedule = self.router.schedule = Schedule(len(self.stages), mode.pipelined)
+        for worker in self.workers.values():
+            worker.enter_mode(mode, self.remedies)
 
     def resume_after(self, updates: int) -> None:
         """Tell a new pipeline that the run it continues made `updates` updates per stage already (a resumed run):
@@ -382,22 +385,98 @@ class Pipeline(Readings):
                 gather_stages(self.stages, self.local, self.rank, dst, self.group, self._global_ranks,
                               self.describe_rank)
 
+    def snapshot_blocker(self) -> str | None:
+        """Why the work in flight cannot be saved as it is (None: it can), so that `state_dict` needs a drain first.
+        Decided from the run's settings only, so every rank decides the same."""
+        if self.mode.pipelined and (self.kept_graphs or self.mode.keeps_graph):
+            return f"stages {sorted(self.kept_graphs)} keep their forward's autograd graph, which cannot be saved"
+        if self.replicas is not None:
+            return "data-parallel replicas average their batch-norm statistics only when drained"
+        if self._probes:
+            return "a gradient-fidelity probe is in flight"
+        return None
+
     def state_dict(self) -> dict[int, dict[str, Any]]:
-        """This rank's optimizer and LR-scheduler states, keyed by stage index (the weights live in the stages).
-        Keyed by stage, so a run may resume on a different number of processes with the same stages. Take it
-        after a `drain`: in-flight micro-batches are not part of it."""
+        """This rank's state beside the stages' weights, keyed by stage index: each stage's optimizer,
+        LR-scheduler, loss-scale and weight-prediction states, and under "in_flight" what it holds between ticks
+        (the micro-batches between forward and backward, their messages and targets, its open accumulation group,
+        its counters) with the pipeline's position. Keyed by stage, so a run may resume on a different number of
+        processes with the same stages. It may be taken between any two `step`s, without a drain, unless
+        `snapshot_blocker` says why not; a pipeline loaded from it continues exactly as this one does."""
         self._breaker.check()
-        if self.undrained:
-            raise PipelineError("state_dict() needs a drained pipeline: call drain() first")
-        return {index: worker.state_dict() for index, worker in self.workers.items()}
+        blocker = self.snapshot_blocker() if self.undrained else None
+        if blocker:
+            raise PipelineError(f"state_dict() needs a drained pipeline here ({blocker}): call drain() first")
+        position = self._position()
+        states = {}
+        for index, worker in self.workers.items():
+            in_flight = {**worker.in_flight_state(), "mail": self.router.mail_for(index), "position": position}
+            if worker.is_last:
+                in_flight["targets"] = {m: saved_targets(t, f"micro-batch {m}") for m, t in self._targets.items()}
+            states[index] = {**worker.state_dict(), "in_flight": in_flight}
+        return states
+
+    def _position(self) -> dict[str, Any]:
+        """Where the schedule stands, the same on every rank: ticks run, micro-batches fed, the origin of the
+        schedule, the open group, the updates, the mode running now and the sizes of the micro-batches in flight."""
+        start_tick, first = self._origin
+        in_flight = {m: size for m, size in self.router.batch_sizes.items()
+                     if m >= first and start_tick + self.schedule.backward_tick(m - first, 0) >= self.tick}
+        return {"tick": self.tick, "fed": self.fed, "origin": list(self._origin), "fed_in_group": self._fed_in_group,
+                "updates": self.updates, "running_mode": self.running_mode.value, "batch_sizes": in_flight}
 
     def load_state_dict(self, state: dict[int, dict[str, Any]]) -> None:
-        """Restore what `state_dict` returned (entries of stages on other ranks are ignored)."""
+        """Restore what `state_dict` returned (entries of stages on other ranks are ignored). With the work in
+        flight, before the first `step`: the pipeline then continues where the saved one stood."""
         missing = [index for index in self.workers if index not in state]
         if missing:
             raise KeyError(f"no saved optimizer state for stage(s) {missing} of {self.describe_rank(self.rank)}")
+        in_flight = {index: state[index].get("in_flight") for index in self.workers}
+        position = self._saved_position(in_flight)
+        if position is not None and Mode.parse(position["running_mode"]) is not self.running_mode:
+            self._enter_mode(Mode.parse(position["running_mode"]))  # a synchronous start was over
         for index, worker in self.workers.items():
             worker.load_state_dict(state[index])
+        if position is not None:
+            self._load_in_flight(in_flight, position)
+
+    def _saved_position(self, in_flight: dict[int, dict | None]) -> dict | None:
+        """The position the saved stages stand at (None: saved without one), the same for all of them."""
+        if all(value is None for value in in_flight.values()):
+            return None
+        if self.fed or self.tick:
+            raise PipelineError("a pipeline loads the work in flight before its first step")
+        lacking = [index for index, value in in_flight.items() if value is None]
+        if lacking:
+            raise ValueError(f"the saved states of stages {lacking} lack the work in flight the others hold")
+        positions = [value["position"] for value in in_flight.values()]
+        if any(position != positions[0] for position in positions):
+            raise ValueError(f"the saved stages {sorted(in_flight)} stand at different positions: they come from "
+                             "different moments of a run")
+        return positions[0]
+
+    def _load_in_flight(self, in_flight: dict[int, dict], position: dict) -> None:
+        self.tick, self.fed = int(position["tick"]), int(position["fed"])
+        self._origin = (int(position["origin"][0]), int(position["origin"][1]))
+        self._fed_in_group, self.updates = int(position["fed_in_group"]), int(position["updates"])
+        self.router.batch_sizes.update((int(m), int(size)) for m, size in position["batch_sizes"].items())
+        for index, worker in self.workers.items():
+            worker.load_in_flight_state(in_flight[index], self.device)
+            self._check_in_flight(worker)
+            self.router.load_mail(index, in_flight[index]["mail"], self.device)
+            if worker.is_last:
+                self._targets = {int(m): loaded_targets(t, self.device) for m, t in in_flight[index]["targets"].items()}
+
+    def _check_in_flight(self, worker: StageWorker) -> None:
+        """The micro-batches a loaded stage holds are those the schedule has in flight at it now."""
+        start_tick, first = self._origin
+        expected = [] if worker.is_last else [
+            m for m in range(first, self.fed)
+            if start_tick + self.schedule.forward_tick(m - first, worker.index) < self.tick
+            <= start_tick + self.schedule.backward_tick(m - first, worker.index)]
+        if worker.in_flight != expected:
+            raise ValueError(f"the saved stage {worker.index} holds micro-batches {worker.in_flight} in flight, where "
+                             f"the schedule has {expected} at tick {self.tick}")
 
     def probe(self) -> int:
         """Keep what `gradient_fidelity` needs of the next micro-batch fed (it trains as usual); returns its

@@ -182,6 +182,13 @@ class LossScale:
         self.clean_updates = int(state["clean_updates"])
         self.overflows = int(state.get("overflows", 0))
 
+    def group_state(self) -> dict:
+        """Whether the open accumulation group has met a non-finite gradient (born here, or arrived)."""
+        return {"own": self._own, "upstream": self._upstream}
+
+    def load_group_state(self, state: dict) -> None:
+        self._own, self._upstream = bool(state["own"]), bool(state["upstream"])
+
 
 def all_finite(tensors) -> bool:
     """One synchronisation for any number of tensors."""

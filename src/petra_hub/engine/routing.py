@@ -24,7 +24,8 @@ from .errors import StageMismatchError
 from .messages import Part, decode, encode, message_bytes, round_trip
 from .protocol import HEADER_LENGTH, Header, Moment, check, header_for
 from .schedule import Schedule
-from .tensors import Activation, as_tuple
+from .snapshot import saved_activation
+from .tensors import Activation, as_tuple, to_device
 from .transport import ActivationSpec, Incoming, NeighbourTransport, Outgoing, Posted
 
 FORWARD_TAG, BACKWARD_TAG, INFER_TAG, HEADER_TAG, PROBE_FORWARD_TAG, PROBE_BACKWARD_TAG = 1, 2, 3, 4, 5, 6
@@ -143,6 +144,24 @@ class Router:
         forward = list(self._mail.get((index, "forward"), {}).values())
         backward = [value for pair in self._mail.get((index, "backward"), {}).values() for value in pair]
         return [t for value in forward + backward if value is not None for t in as_tuple(value)]
+
+    def mail_for(self, index: int) -> dict:
+        """The messages delivered to stage `index` for its next ticks, as CPU copies (see `snapshot`)."""
+        forward = self._mail.get((index, "forward"), {})
+        backward = self._mail.get((index, "backward"), {})
+        return {
+            "forward": {m: saved_activation(value) for m, value in forward.items()},
+            "backward": {m: (saved_activation(returned), saved_activation(grad)) for m, (returned, grad) in
+                         backward.items()},
+        }
+
+    def load_mail(self, index: int, saved: dict, device: torch.device | None) -> None:
+        """Deliver again to stage `index` what `mail_for` gave."""
+        for m, value in saved["forward"].items():
+            self._mail[(index, "forward")][int(m)] = to_device(value, device)
+        for m, (returned, grad) in saved["backward"].items():
+            returned = None if returned is None else to_device(returned, device)
+            self._mail[(index, "backward")][int(m)] = (returned, to_device(grad, device))
 
     def leftovers(self) -> list[tuple[int, str]]:
         return [key for key, box in self._mail.items() if box]

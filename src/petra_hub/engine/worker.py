@@ -21,6 +21,7 @@ from .pending import Pending, stashed_weights
 from .prediction import WeightPredictor
 from .precision import LOW_PRECISION, LossScale, Precision
 from .randomness import capture, drawn_since, reconstruct_replaying, replaying, units
+from .snapshot import loaded_counters, loaded_pending, saved_counters, saved_pending, saved_tensor
 from .tensors import Activation, as_tuple, backpropagate, detached, like
 from .trace import Trace, timed
 
@@ -314,6 +315,39 @@ class StageWorker:
     def _stateful(self) -> dict:
         return {"optimizer": self.optimizer, "scheduler": self.scheduler, "loss_scale": self.loss_scale,
                 "weight_prediction": self.predictor if self.predictor.active else None}
+
+    def in_flight_state(self) -> dict:
+        """What the stage holds between ticks besides its weights and `state_dict`: the micro-batches between their
+        forward and backward, the gradients of its open accumulation group and the group itself, its counters (CPU
+        copies; see `snapshot`). A stage that keeps its forward's graph cannot give it."""
+        return {
+            "pending": {micro_batch: saved_pending(pending) for micro_batch, pending in self._pending.items()},
+            "grads": [saved_tensor(param.grad) for param in self.params],
+            "group": list(self.group),
+            "group_ends": sorted(self._group_ends),
+            "overflow": None if self.loss_scale is None else self.loss_scale.group_state(),
+            "counters": saved_counters(self.counters),
+        }
+
+    def load_in_flight_state(self, state: dict, device: torch.device | None) -> None:
+        """Restore what `in_flight_state` gave, onto `device` (None: where the parameters are)."""
+        if self._pending or self.group:
+            raise PipelineError(f"stage {self.index} already has work in flight")
+        grads = state["grads"]
+        if len(grads) != len(self.params):
+            raise ValueError(f"stage {self.index}: {len(grads)} saved gradients for {len(self.params)} parameters")
+        for name, param, grad in zip(self.param_names, self.params, grads):
+            if grad is not None and grad.shape != param.shape:
+                raise ValueError(f"stage {self.index}: the saved gradient of {name} has shape {tuple(grad.shape)}, "
+                                 f"the parameter {tuple(param.shape)}")
+        self._pending = {int(m): loaded_pending(saved, device) for m, saved in sorted(state["pending"].items())}
+        for param, grad in zip(self.params, grads):
+            param.grad = None if grad is None else grad.to(param)
+        self.group = [int(m) for m in state["group"]]
+        self._group_ends = {int(m) for m in state["group_ends"]}
+        if self.loss_scale is not None and state["overflow"] is not None:
+            self.loss_scale.load_group_state(state["overflow"])
+        self.counters = loaded_counters(state["counters"], device)
 
     def end_group_after(self, micro_batch: int) -> None:
         """Close the current accumulation group once `micro_batch` has been backpropagated here."""

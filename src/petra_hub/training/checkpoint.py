@@ -60,6 +60,9 @@ class PetraState:
     optimizer: str | None = None
     # `batches.labels_digest` of the train set (None for a stream, and in older checkpoints)
     train_labels: str | None = None
+    # [micro-batch, micro-batches of its step] for the micro-batches in flight, whose losses come after the save
+    # (`losses.PendingLosses.open_steps`; empty when the pipeline was drained, None in older checkpoints)
+    loss_steps: list[list[int]] | None = None
 
     def check_compatible(self, other: "PetraState", folder) -> None:
         """Refuse to resume a run whose set-up differs from the checkpoint's (fields unknown to old checkpoints are
@@ -93,6 +96,10 @@ class PetraState:
         if not (state.stage_groups is None or isinstance(state.stage_groups, list)
                 and all(_count_or_none(size, 1) and size is not None for size in state.stage_groups)):
             wrong.append("stage_groups")
+        if not (state.loss_steps is None or isinstance(state.loss_steps, list) and all(
+                isinstance(pair, list) and len(pair) == 2 and _count_or_none(pair[0], 0) and pair[0] is not None
+                and _count_or_none(pair[1], 1) and pair[1] is not None for pair in state.loss_steps)):
+            wrong.append("loss_steps")
         if wrong:
             raise ValueError(f"{path} is corrupt: {', '.join(wrong)} must be whole numbers (at least 1 for counts "
                              f"of stages, steps, sizes and replicas; at least 0 for positions), got "

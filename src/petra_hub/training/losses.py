@@ -54,6 +54,16 @@ class PendingLosses:
         self.step_sizes.update((index, stop - self.open_from) for index in range(self.open_from, stop))
         self.open_from = stop
 
+    def open_steps(self) -> list[list[int]]:
+        """[micro-batch, micro-batches of its step] for the closed steps whose losses have not all been taken: what a
+        checkpoint taken with micro-batches in flight keeps, so that their losses count as they would have."""
+        return [[index, size] for index, size in sorted(self.step_sizes.items())]
+
+    def resume(self, open_steps: list[list[int]], fed: int) -> None:
+        """Continue after `open_steps` (from `open_steps`), with `fed` micro-batches fed before the next step."""
+        self.step_sizes = {int(index): int(size) for index, size in open_steps}
+        self.open_from = fed
+
     def take(self) -> LossWindow:
         window, self.samples = LossWindow(samples=self.samples), 0
         for index in [index for index in self.losses if index in self.step_sizes]:

@@ -7,9 +7,11 @@ checkpoints and `push_to_hub` keep their usual behaviour.
 
 A global step is k micro-batches fed (one accumulation group), or fewer at the end of an epoch, as in
 transformers' Trainer. Consistent points: the pipeline is drained (every micro-batch fed is backpropagated
-everywhere) before evaluating, saving a checkpoint and at the end of training; these happen only at step ends, so
-a resumed run continues exactly as the uninterrupted run, which drained at the same point. After each of them
-every rank holds the whole trained model (`trainer.model`, `prediction_step`).
+everywhere) before evaluating and at the end of training; these happen only at step ends, so a resumed run continues
+exactly as the uninterrupted run, which drained at the same point. A checkpoint keeps the micro-batches in flight
+instead of draining (`Pipeline.state_dict`), so that saving changes nothing in the training, and a run resumed from it
+continues as if it had not stopped. After each of them every rank holds the whole model (`trainer.model`,
+`prediction_step`): trained, or, after a checkpoint, with each stage's weights as they stand.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from transformers import Trainer
 from transformers.trainer_callback import ExportableState, TrainerState
 from transformers.trainer_utils import PredictionOutput, TrainOutput, speed_metrics
+from transformers.utils import logging
 
 from ..engine import Pipeline, PipelineError, group_sizes, merge_stages, replica_of
 from ..engine.optim import decayed_by_the_paper
@@ -50,6 +53,8 @@ from .sampler import EpochSampler
 from .support import check_supported
 
 
+logger = logging.get_logger(__name__)
+
 class PetraTrainer(Trainer):
     """Train a model whose `get_stages()` returns its pipeline stages (e.g. `RevNetForImageClassification`)
     with PETRA, in one process or over the processes of `accelerate launch`."""
@@ -76,6 +81,7 @@ class PetraTrainer(Trainer):
         self._unlogged = LossWindow()  # collected on every rank, not logged yet
         self._trained = LossWindow()  # every loss collected by this train() call, logged or not: train_loss
         self._model_synced = True  # every rank's `self.model` holds every stage's current weights
+        self._saving_in_flight = False  # a checkpoint is being written with micro-batches in flight (no drain)
         self._last_eval_metrics: dict | None = None
         self.model_card_kwargs: dict = {}  # create_model_card's arguments for every card (the recipe names its data)
         self._lock = RunLock(args.output_dir)
@@ -219,11 +225,13 @@ class PetraTrainer(Trainer):
         self._reading = reading_for(self.pipeline.has_first_stage, self.pipeline.has_last_stage, loader, labels,
                                     first_labels)
         log_reading(self._reading, process_rank())
-        if resume_from_checkpoint is not None:
-            load_stage_states(resume_from_checkpoint, self.pipeline)
-            self.pipeline.resume_after(self.state.global_step)  # a synchronous start those steps made is over
-        self.model.train()
         self._pending, self._unlogged, self._trained = PendingLosses(), LossWindow(), LossWindow()
+        if resume_from_checkpoint is not None:
+            load_stage_states(resume_from_checkpoint, self.pipeline)  # with the work in flight, if it was kept
+            if not self.pipeline.fed:  # a checkpoint without the pipeline's position
+                self.pipeline.resume_after(self.state.global_step)  # a synchronous start those steps made is over
+            self._pending.resume(saved.loss_steps or [], self.pipeline.fed)
+        self.model.train()
         self._initial_global_step = self.state.global_step
         self._tr_loss = torch.tensor(0.0)
         self._globalstep_last_logged = self.state.global_step
@@ -289,7 +297,7 @@ class PetraTrainer(Trainer):
         return PetraState(self._micro_batches_fed, len(self.stages), args.petra_mode, args.gradient_accumulation_steps,
                           *self._position, args.per_device_train_batch_size, dataset_label(self.train_dataset),
                           group_sizes(self.stages), args.petra_data_parallel, self._optimizer_name(),
-                          self._train_labels)
+                          self._train_labels, self._pending.open_steps() if self.pipeline is not None else [])
 
     def _optimizer_name(self) -> str:
         """The class of the stages' optimizers (a checkpoint records it: another class cannot load their states)."""
@@ -353,10 +361,11 @@ class PetraTrainer(Trainer):
         rank); stop on a NaN before anything else is saved."""
         self._unlogged.merge(collect(self._pending.take(), self.state.global_step, len(self.stages) - 1))
 
-    def _sync_model(self) -> None:
-        """Drain, then give every rank every stage's trained weights."""
-        if self.pipeline is not None and self.pipeline.undrained:
+    def _sync_model(self, drain: bool = True) -> None:
+        """Drain (with `drain`), then give every rank every stage's current weights."""
+        if drain and self.pipeline is not None and self.pipeline.undrained:
             self._pending.add(self.pipeline.drain())
+            self._model_synced = False
             self._collect_losses()
             check_finite(self.pipeline, f"at global step {self.state.global_step}")
         if self.pipeline is not None and not self._model_synced:
@@ -479,7 +488,7 @@ class PetraTrainer(Trainer):
         `if trainer.is_world_process_zero(): trainer.save_model()`."""
         output_dir = output_dir or self.args.output_dir
         try:
-            self._sync_model()
+            self._sync_model(drain=not self._saving_in_flight)
         except PipelineError as error:
             raise type(error)(f"{error}. save_model gathers the stages while training is under way: call it on every "
                               "process (after training, every process holds the whole model and process 0 may save "
@@ -491,8 +500,20 @@ class PetraTrainer(Trainer):
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
     def _save_checkpoint(self, model, trial) -> None:
+        """A checkpoint of the pipeline as it stands, with the micro-batches in flight, so that saving leaves the
+        training unchanged; where they cannot be kept (`Pipeline.snapshot_blocker`), of the drained pipeline."""
         self.store_flos()
-        write_checkpoint(self, self._get_output_dir(trial=trial), self._run_state())
+        blocker = self.pipeline.snapshot_blocker()
+        if blocker and self.pipeline.undrained:
+            logger.info("checkpoint-%d drains the pipeline first: %s", self.state.global_step, blocker)
+            self._sync_model()
+        else:  # what a drain would check before anything is written
+            check_finite(self.pipeline, f"at global step {self.state.global_step}")
+        self._saving_in_flight = True
+        try:
+            write_checkpoint(self, self._get_output_dir(trial=trial), self._run_state())
+        finally:
+            self._saving_in_flight = False
 
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
         """Trainer's push of a new checkpoint's model, with its code files, image processor and model card: every
