@@ -62,7 +62,8 @@ def test_a_run_resumed_from_a_checkpoint_with_micro_batches_in_flight_ends_as_on
 
 
 def test_where_the_work_in_flight_cannot_be_kept_a_save_drains_and_says_why(tmp_path, caplog):
-    """Stages that keep their forward's graph (all of them, in a roomy memory budget): the save drains first (as evaluating does) and logs why."""
+    """Stages that keep their forward's graph (all of them, in a roomy memory budget): the save drains first (as
+    evaluating does) and logs why."""
     trainer = make_trainer(tmp_path, max_steps=4, save_strategy="steps", save_steps=2, petra_memory_budget="1GiB")
     with caplog.at_level(logging.INFO, logger="petra_hub.training.trainer"):
         trainer.train()
