@@ -1,12 +1,13 @@
 #!/usr/bin/env python
 """Faults injected into a PetraTrainer job under `torchrun --max-restarts`, and what recovering from each cost.
 
-    python benchmarks/chaos.py                 # 2 processes, 80 steps, 5 faults: benchmarks/results/chaos.json
-    python benchmarks/chaos.py --quick         # 30 steps, 2 faults (SIGKILL, SIGTERM): chaos-quick.json
+    python benchmarks/chaos.py                 # 10 runs on 2 processes, 3 on 3: benchmarks/results/chaos.json
+    python benchmarks/chaos.py --quick         # 30 steps, 2 faults (SIGKILL, SIGTERM), one run: chaos-quick.json
 
 The job trains a small RevNet18 on the digits with PetraTrainer, saving every `--save-steps` steps, each step
-slowed to `--step-seconds` so that faults land while it runs. It runs twice under `torchrun --max-restarts 5`: once
-untouched, once with faults at seeded random steps, one after the other, each once the job trains again after the
+slowed to `--step-seconds` so that faults land while it runs. A reference job runs untouched and never saves
+(`save_strategy="no"`); then, for each process count, `--repeats` jobs run under `torchrun --max-restarts 5` with
+faults at random steps (each run its own seed), one after the other, each once the job trains again after the
 previous one:
 
 - SIGKILL to a random process (three times): its peers fail on it within seconds, torchrun restarts the job, which
@@ -14,14 +15,13 @@ previous one:
 - SIGTERM to a random process, as a scheduler preempting one worker: every process saves a checkpoint at the next
   step end and exits with status 75, and torchrun restarts the job;
 - SIGSTOP to a random process: its peers fail after `petra_timeout`, and torchrun, which asks with SIGTERM and kills
-  after 30 s, restarts the job.
+  after its `--shutdown-timeout`, restarts the job.
 
 Per fault: the seconds from the fault to the job training again (its first step end after the restart), the steps
 recomputed (the step the job had reached, less the step it resumed from) and the checkpoints written since the
-fault before (and their bytes: the count times the size of the job's last checkpoint). At the end, whether the
-final weights equal the untouched run's, bit for bit, and those of an untouched run that also saved where the
-faulty job's preemption saved: every save drains the pipeline, so a preemption save off the schedule changes
-PETRA's trajectory from that step on, as the same save in an untouched run does.
+fault before (and their bytes: the count times the size of the job's last checkpoint). Per run: whether the final
+weights equal the reference's, bit for bit (checkpoints keep the micro-batches in flight, so neither the saves nor
+the restarts may change them).
 
 Each process writes its progress (a JSON line per step end, save and start) into a marks folder the driver reads.
 """
@@ -33,6 +33,7 @@ import json
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,8 +50,7 @@ FAULTS = ("SIGKILL", "SIGKILL", "SIGTERM", "SIGSTOP", "SIGKILL")
 
 
 # -- the job (one torchrun worker) ---------------------------------------------------------------------------------
-def worker(output_dir: str, marks: str, steps: int, save_steps: int, step_seconds: float, timeout: float,
-           extra_saves: set[int]) -> None:
+def worker(output_dir: str, marks: str, steps: int, save_steps: int, step_seconds: float, timeout: float) -> None:
     import torch
     from transformers import TrainerCallback
 
@@ -73,8 +73,6 @@ def worker(output_dir: str, marks: str, steps: int, save_steps: int, step_second
         def on_step_end(self, args, state, control, **kwargs):
             time.sleep(step_seconds)
             mark("step", state.global_step)
-            if state.global_step in extra_saves:  # where the faulty job saved off its schedule (a preemption)
-                control.should_save = True
 
         def on_save(self, args, state, control, **kwargs):
             mark("save", state.global_step)
@@ -84,7 +82,8 @@ def worker(output_dir: str, marks: str, steps: int, save_steps: int, step_second
     config = RevNetConfig.from_preset("revnet18", stem="cifar", num_labels=10, hidden_sizes=[8, 8, 16, 16],
                                       embedding_size=8)
     args = PetraTrainingArguments(output_dir=output_dir, per_device_train_batch_size=16, max_steps=steps,
-                                  learning_rate=0.05, optim="sgd", save_strategy="steps", save_steps=save_steps,
+                                  learning_rate=0.05, optim="sgd", save_strategy="steps" if save_steps else "no",
+                                  save_steps=save_steps or 1,
                                   eval_strategy="no", logging_steps=steps, report_to=[], disable_tqdm=True,
                                   petra_timeout=timeout, max_grad_norm=0.0)
     trainer = PetraTrainer(model=RevNetForImageClassification(config), args=args,
@@ -112,10 +111,10 @@ def read_marks(marks: Path) -> list[dict]:
     return sorted(events, key=lambda event: event["time"])
 
 
-def launch(output_dir: Path, marks: Path, args, processes: int, extra_saves: list[int]) -> subprocess.Popen:
+def launch(output_dir: Path, marks: Path, args, processes: int, save_steps: int) -> subprocess.Popen:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
-               "--max-restarts", "5", __file__, "--worker", str(output_dir), str(marks), str(args.steps),
-               str(args.save_steps), str(args.step_seconds), str(args.timeout), ",".join(map(str, extra_saves))]
+               "--max-restarts", "5", "--shutdown-timeout", str(args.shutdown_timeout), __file__, "--worker",
+               str(output_dir), str(marks), str(args.steps), str(save_steps), str(args.step_seconds), str(args.timeout)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
@@ -169,12 +168,11 @@ def inject(job: subprocess.Popen, marks: Path, plan: list[tuple[str, int]], rng:
     return records
 
 
-def run_job(folder: Path, args, processes: int, plan: list[tuple[str, int]], seed: int,
-            extra_saves: list[int] = ()) -> dict:
+def run_job(folder: Path, args, processes: int, plan: list[tuple[str, int]], seed: int, save_steps: int) -> dict:
     output_dir, marks = folder / "run", folder / "marks"
     marks.mkdir(parents=True)
     started = time.time()
-    job = launch(output_dir, marks, args, processes, list(extra_saves))
+    job = launch(output_dir, marks, args, processes, save_steps)
     records = inject(job, marks, plan, random.Random(seed), processes, started + args.deadline)
     try:
         job.wait(timeout=max(1.0, started + args.deadline - time.time()))
@@ -184,7 +182,7 @@ def run_job(folder: Path, args, processes: int, plan: list[tuple[str, int]], see
     if job.returncode != 0:
         raise RuntimeError(f"the job failed ({job.returncode}): {job.stderr.read()[-3000:]}")
     saves = [event for event in read_marks(marks) if event["event"] == "save" and event["rank"] == 0]
-    size = checkpoint_bytes(output_dir)
+    size = checkpoint_bytes(output_dir) if saves else 0
     for record in records:
         record["bytes_written"] = len(record["saves_since_last_fault"]) * size
     return {"faults": records, "wall_s": time.time() - started, "saves": [event["step"] for event in saves],
@@ -198,51 +196,79 @@ def same_weights(first: Path, second: Path) -> bool:
     return a.keys() == b.keys() and all(bool((a[name] == b[name]).all()) for name in a)
 
 
+def fault_plan(faults: tuple[str, ...], steps: int, seed: int) -> list[tuple[str, int]]:
+    """Each fault at a random step around its share of the run."""
+    rng = random.Random(seed)
+    spacing = steps // (len(faults) + 1)
+    return [(name, spacing * (index + 1) + rng.randrange(-spacing // 3, spacing // 3 + 1))
+            for index, name in enumerate(faults)]
+
+
+def summary(runs: list[dict]) -> list[dict]:
+    """Per fault kind over every run: how many, the median and largest seconds to training again, the median steps
+    recomputed."""
+    rows = []
+    for name in dict.fromkeys(record["fault"] for run in runs for record in run["faults"]):
+        records = [record for run in runs for record in run["faults"] if record["fault"] == name]
+        seconds = [record["seconds_to_training"] for record in records]
+        rows.append({"fault": name, "count": len(records), "median_seconds_to_training": statistics.median(seconds),
+                     "max_seconds_to_training": max(seconds),
+                     "median_steps_recomputed": statistics.median(r["steps_recomputed"] for r in records)})
+    return rows
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--processes", default="2,3", help="process counts, each with its own runs")
+    parser.add_argument("--repeats", default="10,3", help="faulty runs per process count")
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--save-steps", type=int, default=10)
     parser.add_argument("--step-seconds", type=float, default=0.2, help="each step slowed by this much")
     parser.add_argument("--timeout", type=float, default=10.0, help="petra_timeout (what a stalled peer costs)")
-    parser.add_argument("--seed", type=int, default=0, help="where the faults land and whom they hit")
-    parser.add_argument("--deadline", type=float, default=900.0, help="seconds the faulty job may take")
-    parser.add_argument("--quick", action="store_true", help="30 steps, saved every 5, a SIGKILL and a SIGTERM")
+    parser.add_argument("--shutdown-timeout", type=int, default=10,
+                        help="torchrun's wait between its SIGTERM and SIGKILL to a process that does not end")
+    parser.add_argument("--seed", type=int, default=0, help="the first run's seed: where its faults land")
+    parser.add_argument("--deadline", type=float, default=900.0, help="seconds a faulty job may take")
+    parser.add_argument("--quick", action="store_true", help="30 steps, saved every 5, a SIGKILL and a SIGTERM, "
+                                                             "one run on 2 processes")
     add_out_argument(parser, "chaos")
     args = parser.parse_args(argv)
     faults = FAULTS
+    counts, repeats = [int(n) for n in args.processes.split(",")], [int(n) for n in args.repeats.split(",")]
     if args.quick:
-        args.steps, args.save_steps, faults = 30, 5, ("SIGKILL", "SIGTERM")
-    rng = random.Random(args.seed)
-    spacing = args.steps // (len(faults) + 1)
-    plan = [(name, spacing * (index + 1) + rng.randrange(-spacing // 3, spacing // 3 + 1))
-            for index, name in enumerate(faults)]
+        args.steps, args.save_steps, faults, counts, repeats = 30, 5, ("SIGKILL", "SIGTERM"), [2], [1]
+    if len(repeats) != len(counts):
+        parser.error(f"--repeats gives {len(repeats)} counts for {len(counts)} --processes")
+    by_processes = {}
     with tempfile.TemporaryDirectory(prefix="petra-chaos-") as tmp:
-        untouched = run_job(Path(tmp, "untouched"), args, args.processes, [], args.seed)
-        progress(f"untouched: {untouched['wall_s']:.1f} s")
-        faulty = run_job(Path(tmp, "faulty"), args, args.processes, plan, args.seed)
-        off_schedule = sorted(set(faulty["saves"]) - set(untouched["saves"]))  # preemption saves
-        identical = same_weights(untouched["weights"], faulty["weights"])
-        same_saves = run_job(Path(tmp, "same-saves"), args, args.processes, [], args.seed, off_schedule) \
-            if off_schedule else untouched
-        identical_to_same_saves = same_weights(same_saves["weights"], faulty["weights"])
-    progress(f"faulty: {faulty['wall_s']:.1f} s; final weights bit-identical to the untouched run's: {identical}, "
-             f"to an untouched run that also saved at {off_schedule}: {identical_to_same_saves}")
-    settings = {"processes": args.processes, "steps": args.steps, "save_steps": args.save_steps,
-                "step_seconds": args.step_seconds, "petra_timeout": args.timeout, "seed": args.seed,
-                "max_restarts": 5}
+        reference = run_job(Path(tmp, "reference"), args, counts[0], [], args.seed, save_steps=0)
+        progress(f"reference (never saves, never stopped): {reference['wall_s']:.1f} s")
+        for processes, runs in zip(counts, repeats):
+            untouched = run_job(Path(tmp, f"untouched-{processes}"), args, processes, [], args.seed, args.save_steps)
+            results = []
+            for run in range(runs):
+                seed = args.seed + run
+                faulty = run_job(Path(tmp, f"faulty-{processes}-{run}"), args, processes,
+                                 fault_plan(faults, args.steps, seed), seed, args.save_steps)
+                faulty["bit_identical"] = same_weights(reference["weights"], faulty["weights"])
+                progress(f"{processes} processes, run {run + 1}/{runs}: {faulty['wall_s']:.1f} s, bit-identical to "
+                         f"the reference: {faulty['bit_identical']}")
+                results.append({key: value for key, value in faulty.items() if key != "weights"} | {"seed": seed})
+            by_processes[str(processes)] = {
+                "runs": results, "bit_identical_runs": sum(run["bit_identical"] for run in results),
+                "untouched_wall_s": untouched["wall_s"], "untouched_bit_identical":
+                    same_weights(reference["weights"], untouched["weights"]),
+                "summary": summary(results)}
+    settings = {"processes": counts, "repeats": repeats, "steps": args.steps, "save_steps": args.save_steps,
+                "step_seconds": args.step_seconds, "petra_timeout": args.timeout,
+                "shutdown_timeout": args.shutdown_timeout, "seed": args.seed, "max_restarts": 5, "faults": list(faults)}
     return write_results(results_path(args.out, "chaos", args.quick), "chaos", "chaos.py", argv, settings,
-                         faults=faulty["faults"], untouched_wall_s=untouched["wall_s"], faulty_wall_s=faulty["wall_s"],
-                         untouched_saves=untouched["saves"], faulty_saves=faulty["saves"],
-                         checkpoint_bytes=faulty["checkpoint_bytes"],
-                         saves_off_schedule=off_schedule, bit_identical=identical,
-                         bit_identical_to_same_saves=identical_to_same_saves)
+                         reference_wall_s=reference["wall_s"], by_processes=by_processes)
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
-        output_dir, marks, steps, save_steps, step_seconds, timeout, extra = sys.argv[2:9]
-        worker(output_dir, marks, int(steps), int(save_steps), float(step_seconds), float(timeout),
-               {int(step) for step in extra.split(",") if step})
+        output_dir, marks, steps, save_steps, step_seconds, timeout = sys.argv[2:8]
+        worker(output_dir, marks, int(steps), int(save_steps), float(step_seconds), float(timeout))
     else:
         main()

@@ -99,11 +99,47 @@ def data_reading_building(r, arg=None):
 
 @renders("chaos", "main")
 def chaos_main(r, arg=None):
-    """Per fault injected into the job under torchrun: whom it hit, where, how long until the job trained again,
-    the steps recomputed and the checkpoints written since the fault before."""
+    """Per fault injected into the first run on `arg` processes: whom it hit, where, how long until the job trained
+    again, the steps recomputed and the checkpoints written since the fault before."""
+    run = need(r, "by_processes")[arg or "2"]["runs"][0]
     rows = [[record["fault"], record["rank"], record["at_step"], record["resumed_from_step"],
              record["steps_recomputed"], f"{record['seconds_to_training']:.1f}",
-             len(record["saves_since_last_fault"]), f"{record['bytes_written'] / 2**20:.1f}"] for record in r["faults"]]
+             len(record["saves_since_last_fault"]), f"{record['bytes_written'] / 2**20:.1f}"]
+            for record in run["faults"]]
     header = ["fault", "process", "at step", "resumed from step", "steps recomputed", "s to training again",
               "checkpoints written", "MiB written"]
     return table(header, rows, "lrrrrrrr")
+
+
+@renders("chaos", "summary")
+def chaos_summary(r, arg=None):
+    """Per process count and fault kind, over every faulty run: the faults injected, the median and largest seconds
+    until the job trained again, the median steps recomputed; and the runs whose final weights equal, bit for bit,
+    those of a run that never stopped nor saved."""
+    rows = []
+    for processes, result in need(r, "by_processes").items():
+        identical = f"{result['bit_identical_runs']} of {len(result['runs'])}"
+        for index, row in enumerate(result["summary"]):
+            rows.append([processes if index == 0 else "", row["fault"], row["count"],
+                         f"{row['median_seconds_to_training']:.1f}", f"{row['max_seconds_to_training']:.1f}",
+                         f"{row['median_steps_recomputed']:g}", identical if index == 0 else ""])
+    header = ["processes", "fault", "faults", "median s to training again", "max s", "median steps recomputed",
+              "runs bit-identical"]
+    return table(header, rows, "rlrrrrr")
+
+
+@renders("checkpoint_cost", "main")
+def checkpoint_cost_main(r, arg=None):
+    """Per way of saving (medians over the repeats): the run's wall time, the time inside each save, the extra wall
+    time per save against not saving, a checkpoint's size and its stage files', and whether the final weights are
+    those of the run that never saved."""
+    rows = []
+    for way, row in need(r, "ways").items():
+        saving = row["saves"] > 0
+        rows.append([way, f"{row['wall_s']:.2f}", row["saves"], ms(row["seconds_per_save"]) if saving else "-",
+                     ms(row["extra_s_per_save"]) if saving else "-",
+                     mib(row["checkpoint_bytes"]) if saving else "-", mib(row["stage_file_bytes"]) if saving else "-",
+                     "yes" if row["bit_identical_to_no_saves"] else "no"])
+    header = ["checkpoints", "wall s", "saves", "ms in each save", "extra ms per save", "MiB each",
+              "MiB of stage files", "weights of the run that never saved"]
+    return table(header, rows, "lrrrrrrl")

@@ -24,3 +24,15 @@ def test_weights_are_the_same_only_bit_for_bit(tmp_path):
         save_file({"w": value}, str(tmp_path / f"{name}.safetensors"))
     assert chaos.same_weights(tmp_path / "a.safetensors", tmp_path / "b.safetensors")
     assert not chaos.same_weights(tmp_path / "a.safetensors", tmp_path / "c.safetensors")
+
+
+def test_faults_land_around_their_share_of_the_run_and_the_summary_counts_each_kind():
+    chaos = load("chaos")
+    plan = chaos.fault_plan(chaos.FAULTS, 80, seed=3)
+    assert [name for name, _ in plan] == list(chaos.FAULTS)
+    assert all(abs(step - 13 * (index + 1)) <= 4 for index, (_, step) in enumerate(plan))
+    assert plan != chaos.fault_plan(chaos.FAULTS, 80, seed=4)
+    runs = [{"faults": [{"fault": "SIGKILL", "seconds_to_training": s, "steps_recomputed": n}]} for s, n in
+            ((4.0, 2), (6.0, 5), (5.0, 3))]
+    assert chaos.summary(runs) == [{"fault": "SIGKILL", "count": 3, "median_seconds_to_training": 5.0,
+                                    "max_seconds_to_training": 6.0, "median_steps_recomputed": 3}]
