@@ -5,25 +5,27 @@ and against not saving, side by side on the same job.
     python benchmarks/checkpoint_cost.py           # 3 repeats of 3 runs: benchmarks/results/checkpoint_cost.json
     python benchmarks/checkpoint_cost.py --quick   # 1 repeat, fewer steps: checkpoint_cost-quick.json
 
-The job is the recipe's RevNet18 (stream widths 16-128, J = 10) on the digits, trained by PetraTrainer in one
-process of one thread, micro-batch 32, k = 1, for `--steps` steps, saving every `--save-steps` steps (the model, each
-stage's file, the trainer's JSON, the random generators). Three ways, run in turn `--repeats` times (the order
-rotating):
+The job is the recipe's RevNet18 (stream widths 16-128, J = 10) on the digits, trained by PetraTrainer on
+`--processes` processes of one thread (the stages split evenly), micro-batch 32, k = 1, for `--steps` steps, saving
+every `--save-steps` steps (the model, each stage's file, the trainer's JSON, the random generators). Three ways,
+run in turn `--repeats` times (the order rotating):
 
 - `no saves`: `save_strategy="no"`;
 - `in flight`: PetraTrainer's checkpoints, which keep what is in flight (`Pipeline.state_dict`);
 - `drained`: the same checkpoints, each after a drain (the pipeline finishes the micro-batches in flight, applies
   them, and refills afterwards), as a save did before it could keep them.
 
-Per way: the run's wall time, the seconds spent inside the saves (from the save's start to its end on disk), the
-bytes of the first checkpoint and of its stage files (mid-run: the last is at the end, where training drains),
-and whether the final weights equal those of `no saves`, bit for bit. The summary gives medians over the repeats,
-and the extra seconds per save against `no saves` (which for `drained` includes the refill the drain causes).
+Per way: the run's wall time (the slowest process's), the seconds spent inside the saves (from the save's start
+to its end on disk), the bytes of the first checkpoint and of its stage files (mid-run: the last is at the end,
+where training drains), and whether the final weights equal those of `no saves`, bit for bit. The summary gives
+medians over the repeats, and the extra seconds per save against `no saves` (which for `drained` includes the
+refill the drain causes: ticks where some processes wait).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -40,7 +42,11 @@ WAYS = ("no saves", "in flight", "drained")
 MICRO_BATCH = 32
 
 
-def run(way: str, folder: Path, steps: int, save_steps: int) -> dict:
+def run(way: str, folder: Path, steps: int, save_steps: int, rank: int = 0, world_size: int = 1) -> dict:
+    """One run of the job as process `rank` of `world_size` (the whole model's weights come back from each)."""
+    if world_size > 1:  # what `accelerate launch` sets
+        os.environ.update(WORLD_SIZE=str(world_size), RANK=str(rank), LOCAL_RANK=str(rank),
+                          LOCAL_WORLD_SIZE=str(world_size))
     import torch
 
     from petra_hub import RevNetConfig, RevNetForImageClassification
@@ -81,11 +87,30 @@ def run(way: str, folder: Path, steps: int, save_steps: int) -> dict:
     }
 
 
+def _process(rank: int, world_size: int, way: str, folder: Path, steps: int, save_steps: int) -> dict:
+    return run(way, folder, steps, save_steps, rank, world_size)
+
+
+def measure(way: str, folder: Path, steps: int, save_steps: int, processes: int) -> dict:
+    """`run` on `processes` fresh processes: the slowest's wall and save times, rank 0's files and weights."""
+    from petra_hub.testing.ranks import run_ranks
+
+    results, codes, _ = run_ranks(_process, processes, way, folder, steps, save_steps, deadline=1800,
+                                  start_method="spawn")
+    failed = [r.get("traceback") if r else f"exit code {code}" for r, code in zip(results, codes)
+              if not r or "value" not in r]
+    if failed:
+        raise RuntimeError(f"{way}: {failed[0]}")
+    ranks = [r["value"] for r in results]
+    return {**ranks[0], "wall_s": max(r["wall_s"] for r in ranks), "save_s": max(r["save_s"] for r in ranks)}
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--save-steps", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="30 steps, saved every 10, one repeat")
     add_out_argument(parser, "checkpoint_cost")
     args = parser.parse_args(argv)
@@ -97,7 +122,8 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory(prefix="petra-checkpoint-cost-") as tmp:
         for repeat in range(args.repeats):
             for way in WAYS[repeat % 3:] + WAYS[:repeat % 3]:
-                result = run(way, Path(tmp, f"{way.replace(' ', '-')}-{repeat}"), args.steps, args.save_steps)
+                result = measure(way, Path(tmp, f"{way.replace(' ', '-')}-{repeat}"), args.steps, args.save_steps,
+                                 args.processes)
                 runs[way].append(result)
                 progress(f"{way}, repeat {repeat + 1}: {result['wall_s']:.2f} s, {result['saves']} saves in "
                          f"{result['save_s']:.2f} s")
@@ -120,7 +146,8 @@ def main(argv=None) -> dict:
         progress(f"{way}: {summary[way]['wall_s']:.2f} s, {summary[way]['seconds_per_save'] * 1e3:.0f} ms per save, "
                  f"{summary[way]['checkpoint_bytes'] / 2**20:.2f} MiB, bit-identical to no saves: {all(identical)}")
     settings = {"steps": args.steps, "save_steps": args.save_steps, "repeats": args.repeats,
-                "micro_batch": MICRO_BATCH, "model": "revnet18, widths 16-128, J = 10", "threads": 1}
+                "micro_batch": MICRO_BATCH, "model": "revnet18, widths 16-128, J = 10", "threads": 1,
+                "processes": args.processes}
     return write_results(results_path(args.out, "checkpoint_cost", args.quick), "checkpoint_cost",
                          "checkpoint_cost.py", argv, settings, ways=summary)
 
