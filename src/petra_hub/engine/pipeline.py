@@ -470,8 +470,9 @@ class Pipeline(Readings):
     def _check_in_flight(self, worker: StageWorker) -> None:
         """The micro-batches a loaded stage holds are those the schedule has in flight at it now."""
         start_tick, first = self._origin
+        recent = range(max(first, self.fed - self.schedule.latency), self.fed)  # none older can be in flight
         expected = [] if worker.is_last else [
-            m for m in range(first, self.fed)
+            m for m in recent
             if start_tick + self.schedule.forward_tick(m - first, worker.index) < self.tick
             <= start_tick + self.schedule.backward_tick(m - first, worker.index)]
         if worker.in_flight != expected:

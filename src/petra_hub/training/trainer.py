@@ -55,6 +55,7 @@ from .support import check_supported
 
 logger = logging.get_logger(__name__)
 
+
 class PetraTrainer(Trainer):
     """Train a model whose `get_stages()` returns its pipeline stages (e.g. `RevNetForImageClassification`)
     with PETRA, in one process or over the processes of `accelerate launch`."""
