@@ -73,6 +73,8 @@ CASES = [
     pytest.param("revnet", "input_buffer", 1, None, None, id="input-buffer"),
     pytest.param("revnet", "reversible_backprop", 2, None, None, id="synchronous"),
     pytest.param("revvit-dropout", "petra", 2, None, None, id="petra-dropout-and-stochastic-depth"),
+    pytest.param("revnet", "petra", 2, Remedies(synchronous_updates=3), None,
+                 id="synchronous-start-saved-during-and-after"),
 ]
 
 
@@ -91,7 +93,7 @@ def test_a_pipeline_loaded_between_steps_continues_as_the_saved_one(kind, mode, 
     saved_run = make_pipeline(model, mode, k, remedies)
     torch.manual_seed(7)
     losses = feed(saved_run, batches[:4], close_every)
-    assert any(worker.in_flight for worker in saved_run.workers.values()) or not saved_run.mode.pipelined
+    assert any(worker.in_flight for worker in saved_run.workers.values()) or not saved_run.running_mode.pipelined
     saves = {4: through_a_file((weights(model), saved_run.state_dict(), torch.random.get_rng_state(), len(losses)))}
     losses += feed(saved_run, batches[4:7], close_every)
     saves[7] = through_a_file((weights(model), saved_run.state_dict(), torch.random.get_rng_state(), len(losses)))
