@@ -14,8 +14,8 @@ previous one:
   resumes from its last complete checkpoint by itself;
 - SIGTERM to a random process, as a scheduler preempting one worker: every process saves a checkpoint at the next
   step end and exits with status 75, and torchrun restarts the job;
-- SIGSTOP to a random process: its peers fail after `petra_timeout`, and torchrun, which asks with SIGTERM and kills
-  after its `--shutdown-timeout`, restarts the job.
+- SIGSTOP to a random process: its peers fail after `petra_timeout`, and torchrun, which asks every process to end
+  with SIGTERM and kills those still there 30 s later (fixed for a restart), restarts the job.
 
 Per fault: the seconds from the fault to the job training again (its first step end after the restart), the steps
 recomputed (the step the job had reached, less the step it resumed from) and the checkpoints written since the
@@ -113,7 +113,7 @@ def read_marks(marks: Path) -> list[dict]:
 
 def launch(output_dir: Path, marks: Path, args, processes: int, save_steps: int) -> subprocess.Popen:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
-               "--max-restarts", "5", "--shutdown-timeout", str(args.shutdown_timeout), __file__, "--worker",
+               "--max-restarts", "5", __file__, "--worker",
                str(output_dir), str(marks), str(args.steps), str(save_steps), str(args.step_seconds), str(args.timeout)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -225,8 +225,6 @@ def main(argv=None) -> dict:
     parser.add_argument("--save-steps", type=int, default=10)
     parser.add_argument("--step-seconds", type=float, default=0.2, help="each step slowed by this much")
     parser.add_argument("--timeout", type=float, default=10.0, help="petra_timeout (what a stalled peer costs)")
-    parser.add_argument("--shutdown-timeout", type=int, default=10,
-                        help="torchrun's wait between its SIGTERM and SIGKILL to a process that does not end")
     parser.add_argument("--seed", type=int, default=0, help="the first run's seed: where its faults land")
     parser.add_argument("--deadline", type=float, default=900.0, help="seconds a faulty job may take")
     parser.add_argument("--quick", action="store_true", help="30 steps, saved every 5, a SIGKILL and a SIGTERM, "
@@ -261,7 +259,7 @@ def main(argv=None) -> dict:
                 "summary": summary(results)}
     settings = {"processes": counts, "repeats": repeats, "steps": args.steps, "save_steps": args.save_steps,
                 "step_seconds": args.step_seconds, "petra_timeout": args.timeout,
-                "shutdown_timeout": args.shutdown_timeout, "seed": args.seed, "max_restarts": 5, "faults": list(faults)}
+"seed": args.seed, "max_restarts": 5, "faults": list(faults)}
     return write_results(results_path(args.out, "chaos", args.quick), "chaos", "chaos.py", argv, settings,
                          reference_wall_s=reference["wall_s"], by_processes=by_processes)
 
