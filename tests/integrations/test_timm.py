@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -25,9 +26,18 @@ def run_python(code: str) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def test_importing_the_module_registers_the_models():
-    run_python(
-        """
+# What a fresh interpreter imports. Starting one takes seconds, so both checks share one, in this order: the first
+# leaves timm unloaded (it checks that), so the second still finds no model registered with timm and imports timm and
+# the module that registers the models itself.
+FRESH_CHECKS = {
+    "the rest of petra_hub does not import timm": """
+        import sys
+        import petra_hub.engine
+        assert "timm" not in sys.modules
+        import petra_hub.integrations.hub, petra_hub.integrations.model_card
+        assert "timm" not in sys.modules
+    """,
+    "importing the module registers the models": """
         import warnings
         import timm
         assert not timm.list_models("revnet*")
@@ -40,20 +50,57 @@ def test_importing_the_module_registers_the_models():
         for name in timm_models.MODEL_NAMES:
             assert timm.models.is_model(name)
             assert timm.models.model_entrypoint(name) is getattr(timm_models, name)
-        """
-    )
+    """,
+}
+
+# Runs the checks (JSON, argv[1]) in order, each in a namespace of its own, and prints a line [check, traceback or
+# None] after each; after a check fails it stops, as the next ones would not find the interpreter they expect.
+CHECK_RUNNER = """
+import json, linecache, sys, textwrap, traceback
+
+for check, source in json.loads(sys.argv[1]).items():
+    source, filename = textwrap.dedent(source), f"<{check}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    try:
+        exec(compile(source, filename, "exec"), {"__name__": "__main__"})
+    except BaseException:
+        print("OUTCOME", json.dumps([check, traceback.format_exc()]), flush=True)
+        break
+    print("OUTCOME", json.dumps([check, None]), flush=True)
+"""
 
 
-def test_the_rest_of_petra_hub_does_not_import_timm():
-    run_python(
-        """
-        import sys
-        import petra_hub.engine
-        assert "timm" not in sys.modules
-        import petra_hub.integrations.hub, petra_hub.integrations.model_card
-        assert "timm" not in sys.modules
-        """
-    )
+@pytest.fixture(scope="module")
+def fresh_checks():
+    """{check: traceback, or None when it passed} for the FRESH_CHECKS run in one fresh interpreter; a check that did
+    not run there (an earlier one failed) is missing. If the interpreter itself failed, the check it was running
+    fails with its stderr (every check, when it failed after the last one)."""
+    result = subprocess.run([sys.executable, "-c", CHECK_RUNNER, json.dumps(FRESH_CHECKS)], capture_output=True,
+                            text=True, timeout=300)
+    outcomes = dict(json.loads(line.removeprefix("OUTCOME ")) for line in result.stdout.splitlines()
+                    if line.startswith("OUTCOME "))
+    if result.returncode != 0:
+        failure = f"the interpreter exited with {result.returncode}:\n{result.stderr[-3000:]}"
+        unreported = [check for check in FRESH_CHECKS if check not in outcomes]
+        for check in unreported[:1] or [check for check, error in outcomes.items() if error is None]:
+            outcomes[check] = failure
+    return outcomes
+
+
+def assert_passes_in_a_fresh_interpreter(check: str, fresh_checks) -> None:
+    """The check passed in the shared interpreter; one that did not run there (an earlier check failed) runs alone."""
+    if check in fresh_checks:
+        assert fresh_checks[check] is None, fresh_checks[check]
+    else:
+        run_python(FRESH_CHECKS[check])
+
+
+def test_importing_the_module_registers_the_models(fresh_checks):
+    assert_passes_in_a_fresh_interpreter("importing the module registers the models", fresh_checks)
+
+
+def test_the_rest_of_petra_hub_does_not_import_timm(fresh_checks):
+    assert_passes_in_a_fresh_interpreter("the rest of petra_hub does not import timm", fresh_checks)
 
 
 def test_models_are_listed_with_their_pretrained_cfg():

@@ -13,7 +13,7 @@ import torch
 import petra_hub.models.loading_checks as shared
 from petra_hub import RevNetForImageClassification, RevViTForImageClassification, RevViTModel
 from petra_hub.testing.models import small_model, small_revvit
-from petra_hub.testing.remote_code import run_without_petra_hub
+from tests.models import remote_checks
 
 FAMILIES = {
     "revnet": (lambda: small_model("revnet18", dtype=torch.float32), "revnet.embedder.layers.1.running_var"),
@@ -88,33 +88,37 @@ def test_a_bad_config_file_is_an_error_naming_it(family, tmp_path, damage, error
         assert type(type(model).from_pretrained(tmp_path, config=model.config)) is type(model)
 
 
-REMOTE_NAN_SCRIPT = """
-    import warnings
+def poisoned_folder(name):
+    """What the interpreter without petra_hub loads (tests/models/remote_checks.py) for one family: a saved model
+    with non-finite weights, and the name of the inner one."""
 
-    from transformers import AutoModelForImageClassification
+    def prepare(folder):
+        build, inner = FAMILIES[name]
+        model = build()
+        poison(model, inner)
+        model.save_pretrained(folder)
+        return remote_checks.RemoteLoad("AutoModelForImageClassification", expected=inner)
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model = AutoModelForImageClassification.from_pretrained(sys.argv[1], trust_remote_code=True)
-    print("MODULE", type(model).__module__)
-    print("WARNINGS", [str(warning.message) for warning in caught if "non-finite" in str(warning.message)])
-"""
+    return prepare
 
 
-def test_the_checks_travel_with_remote_code(family, tmp_path):
+for _family in FAMILIES:
+    remote_checks.register(f"non_finite_{_family}", poisoned_folder(_family))
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_the_checks_travel_with_remote_code(name, tmp_path_factory):
     """A saved folder carries loading_checks.py as a plain file, and its remote code warns without petra_hub."""
-    _, model, inner = family
-    poison(model, inner)
-    folder = tmp_path / "saved"
-    model.save_pretrained(folder)
-    copied = folder / "loading_checks.py"
+    outcome = remote_checks.outcome(f"non_finite_{name}", tmp_path_factory)
+    inner = outcome.expected
+    copied = outcome.folder / "loading_checks.py"
     assert copied.is_file() and not copied.is_symlink()
     assert copied.read_text() == Path(shared.__file__).read_text()
-    result = run_without_petra_hub(REMOTE_NAN_SCRIPT, [str(folder)], tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if line.startswith(("MODULE", "WARN")))
-    assert lines["MODULE"].startswith("transformers_modules")
-    assert "classifier.weight" in lines["WARNINGS"] and inner in lines["WARNINGS"]
+    assert outcome.error is None, outcome.error
+    assert outcome.petra_hub_importable is False
+    assert outcome.model_module.startswith("transformers_modules")
+    caught = str([message for message in outcome.warnings if "non-finite" in message])
+    assert "classifier.weight" in caught and inner in caught
 
 
 # Folders and Hub ids with subfolder= --------------------------------------------------------------------------------

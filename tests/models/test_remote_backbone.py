@@ -10,19 +10,7 @@ import pytest
 import torch
 
 from petra_hub import RevNetConfig, RevNetForImageClassification, RevViTConfig, RevViTForImageClassification
-from petra_hub.testing.remote_code import run_without_petra_hub
-
-BACKBONE_SCRIPT = """
-    import torch
-    from transformers import AutoModel
-
-    folder, inputs, outputs = sys.argv[1:4]
-    model = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
-    with torch.no_grad():
-        torch.save(model(torch.load(inputs)).pooler_output, outputs)
-    print("CLASS", type(model).__module__, type(model).__name__)
-    print("PETRA_HUB_MODULES", sorted(name for name in sys.modules if name.split(".")[0] == "petra_hub"))
-"""
+from tests.models import remote_checks
 
 
 def revnet():
@@ -35,24 +23,38 @@ def revvit():
                                                      num_attention_heads=2, num_labels=3)), "revvit", "RevViTModel"
 
 
+def backbone_folder(build):
+    """What the interpreter without petra_hub loads (tests/models/remote_checks.py) for one family: a saved classifier,
+    with images and the pooled output of its backbone."""
+
+    def prepare(folder):
+        torch.manual_seed(0)
+        model, family, base_name = build()
+        model.eval().save_pretrained(folder)
+        images = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            expected = model.base_model(images).pooler_output
+        return remote_checks.RemoteLoad("AutoModel", inputs=images, output="pooler_output",
+                                        expected=(model, family, base_name, expected))
+
+    return prepare
+
+
+remote_checks.register("backbone_revnet", backbone_folder(revnet))
+remote_checks.register("backbone_revvit", backbone_folder(revvit))
+
+
 @pytest.mark.parametrize("build", [revnet, revvit])
-def test_automodel_loads_the_backbone_of_a_saved_classifier_without_petra_hub(tmp_path, build):
-    torch.manual_seed(0)
-    model, family, base_name = build()
-    model.eval().save_pretrained(tmp_path / "saved")
-    auto_map = json.loads((tmp_path / "saved" / "config.json").read_text())["auto_map"]
+def test_automodel_loads_the_backbone_of_a_saved_classifier_without_petra_hub(tmp_path_factory, build):
+    outcome = remote_checks.outcome(f"backbone_{build.__name__}", tmp_path_factory)
+    model, family, base_name, expected = outcome.expected
+    auto_map = json.loads((outcome.folder / "config.json").read_text())["auto_map"]
     assert auto_map == {"AutoConfig": f"configuration_{family}.{type(model.config).__name__}",
                         "AutoModel": f"modeling_{family}.{base_name}",
                         "AutoModelForImageClassification": f"modeling_{family}.{type(model).__name__}"}
-    images = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
-    torch.save(images, tmp_path / "inputs.pt")
-    result = run_without_petra_hub(BACKBONE_SCRIPT, [str(tmp_path / "saved"), str(tmp_path / "inputs.pt"),
-                                                     str(tmp_path / "pooled.pt")], tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if line.startswith(("CLASS", "PETRA")))
-    module, name = lines["CLASS"].split()
+    assert outcome.error is None, outcome.error
+    assert outcome.petra_hub_importable is False
+    module, name = outcome.model_module, outcome.model_class
     assert name == base_name and module.startswith("transformers_modules") and module.endswith(f"modeling_{family}")
-    assert lines["PETRA_HUB_MODULES"] == "[]"
-    with torch.no_grad():
-        expected = model.base_model(images).pooler_output
-    assert torch.equal(torch.load(tmp_path / "pooled.pt"), expected)  # the classifier's trained backbone weights
+    assert outcome.petra_hub_modules == []
+    assert torch.equal(outcome.output, expected)  # the classifier's trained backbone weights

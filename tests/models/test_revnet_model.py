@@ -17,7 +17,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForImageClassification
 from petra_hub import RevNetConfig, RevNetForImageClassification, RevNetModel
 from petra_hub.models.revnet import RevNetHead, RevNetStem
 from petra_hub.testing.models import PAPER_LAYOUTS, random_images, small_config, small_model
-from petra_hub.testing.remote_code import run_without_petra_hub
+from tests.models import remote_checks
 
 PRESETS = ["revnet18", "revnet34", "revnet50", "revnet101"]
 # Table of the paper (ImageNet, 1000 classes), in millions of parameters.
@@ -120,10 +120,8 @@ def test_invertible_downsampling_makes_every_block_reversible(preset):
 # 3. save_pretrained / from_pretrained ----------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    """A small float64 model with trained running statistics, saved to a folder, and an input."""
-    folder = tmp_path_factory.mktemp("revnet18")
+def save_trained_model(folder):
+    """A small float64 model with trained running statistics saved to `folder`; the model, an input and its logits."""
     model = small_model("revnet18")
     images = random_images(model.config)
     trained_statistics(model, images)
@@ -131,6 +129,14 @@ def saved(tmp_path_factory):
     model.save_pretrained(folder)
     with torch.no_grad():
         logits = model(images).logits
+    return model, images, logits
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A small float64 model with trained running statistics, saved to a folder, and an input."""
+    folder = tmp_path_factory.mktemp("revnet18")
+    model, images, logits = save_trained_model(folder)
     return folder, model, images, logits
 
 
@@ -190,31 +196,20 @@ def test_auto_classes_load_the_saved_folder(saved):
 
 # 4. trust_remote_code without petra_hub ---------------------------------------------------------------------------
 
-REMOTE_SCRIPT = """
-    try:
-        import petra_hub  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        raise SystemExit("petra_hub is importable")
 
-    import torch
-    from transformers import AutoModelForImageClassification
-
-    folder, inputs, outputs = sys.argv[1:4]
-    model = AutoModelForImageClassification.from_pretrained(folder, trust_remote_code=True)
-    model.eval()
-    with torch.no_grad():
-        logits = model(torch.load(inputs)).logits
-    torch.save(logits, outputs)
-    loaded = sorted(name for name in sys.modules if name.split(".")[0] == "petra_hub")
-    print("CLASS", type(model).__module__, type(model).__name__, type(model.config).__module__)
-    print("PETRA_HUB_MODULES", loaded)
-"""
+def remote_folder(folder):
+    """What the interpreter without petra_hub loads (tests/models/remote_checks.py): the model of `saved`, built and
+    saved the same way, with its input and its logits."""
+    _, images, logits = save_trained_model(folder)
+    return remote_checks.RemoteLoad("AutoModelForImageClassification", inputs=images, expected=logits)
 
 
-def test_trust_remote_code_loads_without_petra_hub(saved, tmp_path):
-    folder, _, images, logits = saved
+remote_checks.register("revnet_classifier", remote_folder)
+
+
+def test_trust_remote_code_loads_without_petra_hub(tmp_path_factory):
+    outcome = remote_checks.outcome("revnet_classifier", tmp_path_factory)
+    folder, logits = outcome.folder, outcome.expected
     config = json.loads((folder / "config.json").read_text())
     assert config["auto_map"] == {
         "AutoConfig": "configuration_revnet.RevNetConfig",
@@ -226,17 +221,14 @@ def test_trust_remote_code_loads_without_petra_hub(saved, tmp_path):
     source = (folder / "modeling_revnet.py").read_text()
     assert "petra_hub" not in source.replace('"""', "").split("from __future__")[1]
 
-    torch.save(images, tmp_path / "inputs.pt")
-    result = run_without_petra_hub(REMOTE_SCRIPT, [str(folder), str(tmp_path / "inputs.pt"),
-                                                   str(tmp_path / "logits.pt")], tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if line.startswith(("CLASS", "PETRA")))
-    module, name, config_module = lines["CLASS"].split()
+    assert outcome.error is None, outcome.error
+    assert outcome.petra_hub_importable is False
+    module, name, config_module = outcome.model_module, outcome.model_class, outcome.config_module
     assert name == "RevNetForImageClassification"
     assert not module.startswith("petra_hub") and module.startswith("transformers_modules")
     assert module.endswith("modeling_revnet") and config_module.endswith("configuration_revnet")
-    assert lines["PETRA_HUB_MODULES"] == "[]"
-    remote_logits = torch.load(tmp_path / "logits.pt")
+    assert outcome.petra_hub_modules == []
+    remote_logits = outcome.output
     assert remote_logits.dtype == torch.float64 and remote_logits.shape == logits.shape
     assert torch.allclose(remote_logits, logits, rtol=0, atol=1e-12)
 

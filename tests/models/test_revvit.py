@@ -12,9 +12,9 @@ from petra_hub.engine import Mode, Pipeline, stage_layout
 from petra_hub.models.revvit import PRESETS
 from petra_hub.testing.models import small_revvit
 from petra_hub.testing.ranks import run_ranks
-from petra_hub.testing.remote_code import run_without_petra_hub
 from petra_hub.testing.stage_contract import ReversibleStageContract, relative_error, reversible_stage_cases
 from tests.engine.test_pipeline import assert_frozen_weights_give_the_backprop_gradient
+from tests.models import remote_checks
 
 
 def images(batch=4, dtype=torch.float64, seed=1):
@@ -137,25 +137,30 @@ def test_bad_configs_and_inputs_are_clear_errors():
     assert copy.deepcopy(model.config).num_patches == 16
 
 
-def test_trust_remote_code_loads_without_petra_hub(tmp_path):
-    from tests.models.test_revnet_model import REMOTE_SCRIPT
-
+def remote_folder(folder):
+    """What the interpreter without petra_hub loads (tests/models/remote_checks.py): a saved model, with an input and
+    its logits."""
     model = small_revvit("revvit-tiny").eval()
-    folder = tmp_path / "saved"
     model.save_pretrained(folder)
     x = images()
     with torch.no_grad():
         logits = model(x).logits
-    torch.save(x, tmp_path / "inputs.pt")
-    result = run_without_petra_hub(REMOTE_SCRIPT, [str(folder), str(tmp_path / "inputs.pt"),
-                                                   str(tmp_path / "logits.pt")], tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if line.startswith(("CLASS", "PETRA")))
-    module, name, config_module = lines["CLASS"].split()
+    return remote_checks.RemoteLoad("AutoModelForImageClassification", inputs=x, expected=logits)
+
+
+remote_checks.register("revvit_classifier", remote_folder)
+
+
+def test_trust_remote_code_loads_without_petra_hub(tmp_path_factory):
+    outcome = remote_checks.outcome("revvit_classifier", tmp_path_factory)
+    logits = outcome.expected
+    assert outcome.error is None, outcome.error
+    assert outcome.petra_hub_importable is False
+    module, name, config_module = outcome.model_module, outcome.model_class, outcome.config_module
     assert name == "RevViTForImageClassification" and module.startswith("transformers_modules")
     assert module.endswith("modeling_revvit") and config_module.endswith("configuration_revvit")
-    assert lines["PETRA_HUB_MODULES"] == "[]"
-    assert torch.allclose(torch.load(tmp_path / "logits.pt"), logits, rtol=0, atol=1e-12)
+    assert outcome.petra_hub_modules == []
+    assert torch.allclose(outcome.output, logits, rtol=0, atol=1e-12)
 
 
 def test_image_classification_pipeline(tmp_path):
