@@ -461,11 +461,12 @@ class Pipeline(Readings):
         self._fed_in_group, self.updates = int(position["fed_in_group"]), int(position["updates"])
         self.router.batch_sizes.update((int(m), int(size)) for m, size in position["batch_sizes"].items())
         for index, worker in self.workers.items():
-            worker.load_in_flight_state(in_flight[index], self.device)
+            device = self.device or next((p.device for p in worker.params), None)  # where the stage runs
+            worker.load_in_flight_state(in_flight[index], device)
             self._check_in_flight(worker)
-            self.router.load_mail(index, in_flight[index]["mail"], self.device)
+            self.router.load_mail(index, in_flight[index]["mail"], device)
             if worker.is_last:
-                self._targets = {int(m): loaded_targets(t, self.device) for m, t in in_flight[index]["targets"].items()}
+                self._targets = {int(m): loaded_targets(t, device) for m, t in in_flight[index]["targets"].items()}
 
     def _check_in_flight(self, worker: StageWorker) -> None:
         """The micro-batches a loaded stage holds are those the schedule has in flight at it now."""

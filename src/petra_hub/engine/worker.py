@@ -330,7 +330,7 @@ class StageWorker:
         }
 
     def load_in_flight_state(self, state: dict, device: torch.device | None) -> None:
-        """Restore what `in_flight_state` gave, onto `device` (None: where the parameters are)."""
+        """Restore what `in_flight_state` gave, onto `device` (None: the CPU)."""
         if self._pending or self.group:
             raise PipelineError(f"stage {self.index} already has work in flight")
         grads = state["grads"]
