@@ -28,3 +28,24 @@ def revmlp():
         yield revmlp
     finally:
         sys.path.remove(str(EXAMPLES))
+
+
+# End-to-end runs of the benchmark scripts' quick modes (`@pytest.mark.benchmark_run`) take minutes together: they are
+# left out of the default run, which must stay under ten minutes on two cores, and run with `--run-benchmarks`
+# (the CI script runs them after the suite).
+def pytest_addoption(parser):
+    parser.addoption("--run-benchmarks", action="store_true",
+                     help="also run the benchmark scripts end to end (tests marked benchmark_run)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "benchmark_run: runs a benchmark script end to end (needs --run-benchmarks)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--run-benchmarks"):
+        return
+    skip = pytest.mark.skip(reason="a benchmark script run end to end: pass --run-benchmarks")
+    for item in items:
+        if "benchmark_run" in item.keywords:
+            item.add_marker(skip)

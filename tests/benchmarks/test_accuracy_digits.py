@@ -58,6 +58,7 @@ def test_revnet34_is_the_recipe_widths_with_resnet34_depths_at_the_papers_learni
     assert args.petra_scale_lr and args.micro_batch_learning_rate() == 0.4 * 32 / 256
 
 
+@pytest.mark.benchmark_run
 def test_runs_in_parallel_processes_give_the_accuracies_of_runs_in_this_one(tmp_path):
     benchmark = load("accuracy_digits")
     argv = ["--configs", "backprop", "petra-k1+predict-half", "--seeds", "0", "--epochs", "0.1", "--num-stages", "4"]

@@ -40,6 +40,7 @@ def test_launched_ranks_run_each_on_its_own_share():
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
+@pytest.mark.benchmark_run
 def test_quick_run_times_both_ways_and_renders(tmp_path, report):
     import json
     import subprocess

@@ -1,11 +1,13 @@
 """benchmarks/checkpoint_cost.py: a run saving with the work in flight trains the model of a run that never saves,
 one that drains before each save does not, and both write the same files."""
 
+import pytest
 import torch
 
 from .conftest import load
 
 
+@pytest.mark.benchmark_run
 def test_saves_in_flight_leave_the_weights_alone_and_drained_saves_do_not(tmp_path):
     cost = load("checkpoint_cost")
     runs = {way: cost.run(way, tmp_path / way.replace(" ", "-"), steps=4, save_steps=2) for way in cost.WAYS}

@@ -16,6 +16,7 @@ def compile_benchmark():
     sys.modules.pop("benchmark_compile", None)
 
 
+@pytest.mark.benchmark_run
 def test_quick_run_measures_eager_against_compiled_in_both_precisions(compile_benchmark, tmp_path):
     out = tmp_path / "compile.json"
     arguments = ["--quick", "--backends", "eager", "--batch", "4", "--image-size", "16", "--micro-batches", "2",

@@ -5,9 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.benchmark_run
 def test_a_short_run_writes_records_and_pictures(tmp_path):
     out = tmp_path / "fidelity.json"
     command = [sys.executable, str(ROOT / "benchmarks" / "fidelity.py"), "--epochs", "0.5", "--every", "4",

@@ -5,9 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
+@pytest.mark.benchmark_run
 def test_quick_run(tmp_path, report):
     out = tmp_path / "kept_graphs.json"
     subprocess.run([sys.executable, str(BENCHMARKS / "kept_graphs.py"), "--quick", "--repeats", "1",

@@ -15,6 +15,7 @@ def numerics_benchmark():
     sys.modules.pop("benchmark_numerics", None)
 
 
+@pytest.mark.benchmark_run
 def test_quick_run_measures_every_policy_and_stage(numerics_benchmark, report, tmp_path):
     out, png = tmp_path / "numerics.json", tmp_path / "numerics.png"
     arguments = ["--quick", "--steps", "20", "--frozen-batches", "2", "--grad-batches", "1", "--out", str(out),

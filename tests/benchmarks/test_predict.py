@@ -5,9 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
+@pytest.mark.benchmark_run
 def test_quick_predictions(tmp_path, report):
     out = tmp_path / "predict.json"
     # kept graphs of at most 1 MiB per profile: one pass per group on 10 devices (each holds more), fewer on 2

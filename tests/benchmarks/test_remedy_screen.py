@@ -13,6 +13,7 @@ fast revnet18 petra-k1+predict-half 0 0.1 --learning_rate 0.2 --petra_num_stages
 """
 
 
+@pytest.mark.benchmark_run
 def test_each_line_runs_with_its_flags_and_is_paired_with_the_baseline(tmp_path):
     screen = load("remedy_screen")
     plan = tmp_path / "plan.txt"

@@ -26,6 +26,7 @@ def engine_rows(result: dict) -> list[dict]:
     return [row for row in result["rows"] if row.get("m") is None]
 
 
+@pytest.mark.benchmark_run
 def test_quick_run_writes_predictions_beside_measurements(quick_run, tmp_path, report):
     result = {**quick_run, "rows": engine_rows(quick_run)}  # as a run of the engine's modes alone writes them
     (tmp_path / "simulator.json").write_text(json.dumps(result))
@@ -47,6 +48,7 @@ def test_quick_run_writes_predictions_beside_measurements(quick_run, tmp_path, r
         sum(sizes) == 10 for sizes in result["auto_partition"].values())
 
 
+@pytest.mark.benchmark_run
 def test_grouped_stages_are_profiled_and_simulated_as_grouped(tmp_path, report):
     """--groups: PETRA on coarser engine stages, each grouping profiled as grouped (and keeping its graph, k); the
     report names the groups."""
@@ -63,6 +65,7 @@ def test_grouped_stages_are_profiled_and_simulated_as_grouped(tmp_path, report):
     assert "| petra | 1,2/7 |" in table and "| petra | 4/6 |" in table and "| petra | 4k/6 |" in table
 
 
+@pytest.mark.benchmark_run
 def test_torch_schedules_are_measured_beside_their_simulation(quick_run, tmp_path, report):
     """--rival-microbatches: Schedule1F1B at each checkpointing and m, and a multi-chunk schedule on its 2W chunks,
     measured and predicted by simulate_schedule."""

@@ -34,6 +34,7 @@ def quick_run(tmp_path_factory):
     return json.loads(out.read_text())
 
 
+@pytest.mark.benchmark_run
 def test_every_rival_is_timed_and_measured_with_and_without_checkpointing(quick_run, rivals):
     records, multi = quick_run["multi"]["rivals"], quick_run["multi"]
     settings = {(r["schedule"], r["checkpointed"], r["m"]): r for r in records}
@@ -60,6 +61,7 @@ def test_every_rival_is_timed_and_measured_with_and_without_checkpointing(quick_
     assert selective[1] <= 1.1 * settings["1f1b", False, 4]["peak_bytes"][1]
 
 
+@pytest.mark.benchmark_run
 def test_engine_modes_measured_with_the_same_method(quick_run):
     peaks, info = quick_run["multi"]["info"]["activation_peak_bytes"], quick_run["multi"]["info"]
     grouped = {"petra_groups_1,2/7": ("SRH", [1, 2, 7], [2, 1], []), "petra_groups_4/6": ("SH", [4, 6], [1, 1], []),
@@ -78,6 +80,7 @@ def test_engine_modes_measured_with_the_same_method(quick_run):
     assert max(peaks["reversible_backprop"]) < max(peaks["petra"])  # nothing kept between micro-batches
 
 
+@pytest.mark.benchmark_run
 def test_chunk_layouts_cover_every_stage_once(quick_run):
     chunks, W = quick_run["chunks"], 2
     assert chunks["1f1b"] == {"sizes": quick_run["partition"], "ranks": [0, 1]}
@@ -89,6 +92,7 @@ def test_chunk_layouts_cover_every_stage_once(quick_run):
     assert quick_run["one"]["layout"] == STAGES
 
 
+@pytest.mark.benchmark_run
 def test_report_renders_the_rivals_and_equal_memory(quick_run, report, tmp_path):
     (tmp_path / "throughput-quick.json").write_text(json.dumps(quick_run))
     rows = {name: report.render(f"throughput-quick/{name}", tmp_path).splitlines()

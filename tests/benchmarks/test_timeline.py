@@ -5,9 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
+@pytest.mark.benchmark_run
 def test_quick_timelines(tmp_path):
     # a subprocess: the benchmark spawns its ranks, which import it by its module name
     command = [sys.executable, str(BENCHMARKS / "timeline.py"), "--quick", "--out", str(tmp_path / "timeline.json"),
