@@ -225,3 +225,18 @@ def test_a_loaded_state_that_does_not_fit_the_schedule_is_refused():
     feed(stepped, batches[:1])
     with pytest.raises(PipelineError, match="loads the work in flight before its first step"):
         stepped.load_state_dict(late)
+
+
+@pytest.mark.parametrize("mode", ["petra", "reversible_backprop"])
+def test_a_long_run_between_drains_keeps_only_the_sizes_of_the_micro_batches_in_flight(mode):
+    """What the router keeps per micro-batch (its size, and its digest across ranks) is forgotten once the micro-batch
+    has finished at every stage, but for the last one fed: it does not grow with the run."""
+    model = small_model("revnet18")
+    pipeline = make_pipeline(model, mode, k=1)
+    batches = data(model.config, 30)
+    feed(pipeline, batches)
+    latency = 2 * (pipeline.num_stages - 1)
+    expected = list(range(30 - latency, 30)) if mode == "petra" else [29]
+    assert sorted(pipeline.router.batch_sizes) == expected
+    pipeline.drain()
+    assert pipeline.router.batch_sizes == {}

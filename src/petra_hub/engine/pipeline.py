@@ -205,6 +205,7 @@ class Pipeline(Readings):
         self.tick = 0  # ticks run so far
         self.fed = 0  # micro-batches fed so far
         self._origin = (0, 0)  # (tick, micro-batch) at which the current schedule started (moves on drain)
+        self._remembered_from = 0  # the oldest micro-batch whose size the router still keeps
         self._fed_in_group = 0
         self._targets: dict[int, Any] = {}
         self._probes: dict[int, int | None] = {}  # probed micro-batch -> its size once fed
@@ -274,9 +275,19 @@ class Pipeline(Readings):
         losses = []
         for _ in range(self.schedule.ticks_per_micro_batch):
             losses.extend(self._run_tick(STEP))
+        self._forget_finished()
         if self._synchronous_start_done():
             losses.extend(self._leave_synchronous_start())
         return losses
+
+    def _forget_finished(self) -> None:
+        """Forget the size and digest of each micro-batch that has finished at every stage, all but the last one fed
+        (the headers name it), so that a long run between drains keeps only those of the micro-batches in flight."""
+        start_tick, first = self._origin
+        while self._remembered_from < self.fed - 1 and \
+                start_tick + self.schedule.backward_tick(self._remembered_from - first, 0) < self.tick:
+            self.router.forget(self._remembered_from)
+            self._remembered_from += 1
 
     def _synchronous_start_done(self) -> bool:
         return self.running_mode is not self.mode and self.updates >= self.remedies.synchronous_updates
@@ -336,6 +347,7 @@ class Pipeline(Readings):
         if self.replicas is not None:
             average_buffers([self.stages[i] for i in self.local], self.replicas.peer_group, self.data_parallel_size)
         self._origin = (self.tick, self.fed)
+        self._remembered_from = self.fed
         self._fed_in_group = 0
         leftovers = self.router.leftovers() + list(self._targets)
         if leftovers or any(w.in_flight for w in self.workers.values()):
@@ -460,6 +472,7 @@ class Pipeline(Readings):
         self._origin = (int(position["origin"][0]), int(position["origin"][1]))
         self._fed_in_group, self.updates = int(position["fed_in_group"]), int(position["updates"])
         self.router.batch_sizes.update((int(m), int(size)) for m, size in position["batch_sizes"].items())
+        self._remembered_from = min(self.router.batch_sizes, default=self.fed)
         for index, worker in self.workers.items():
             device = self.device or next((p.device for p in worker.params), None)  # where the stage runs
             worker.load_in_flight_state(in_flight[index], device)

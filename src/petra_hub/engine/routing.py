@@ -66,6 +66,11 @@ class Router:
         if self.transport is not None:
             self.digests[micro_batch] = targets_digest(key)
 
+    def forget(self, micro_batch: int) -> None:
+        """A micro-batch that has crossed every boundary for good."""
+        self.batch_sizes.pop(micro_batch, None)
+        self.digests.pop(micro_batch, None)
+
     def forget_fed(self) -> None:
         """After a drain: every micro-batch fed has crossed every boundary."""
         self.batch_sizes.clear()
