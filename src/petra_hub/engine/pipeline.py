@@ -430,12 +430,11 @@ class Pipeline(Readings):
 
     def _position(self) -> dict[str, Any]:
         """Where the schedule stands, the same on every rank: ticks run, micro-batches fed, the origin of the
-        schedule, the open group, the updates, the mode running now and the sizes of the micro-batches in flight."""
-        start_tick, first = self._origin
-        in_flight = {m: size for m, size in self.router.batch_sizes.items()
-                     if m >= first and start_tick + self.schedule.backward_tick(m - first, 0) >= self.tick}
+        schedule, the open group, the updates, the mode running now and the sizes the router keeps (those of the
+        micro-batches in flight and of the last one fed: `_forget_finished`)."""
         return {"tick": self.tick, "fed": self.fed, "origin": list(self._origin), "fed_in_group": self._fed_in_group,
-                "updates": self.updates, "running_mode": self.running_mode.value, "batch_sizes": in_flight}
+                "updates": self.updates, "running_mode": self.running_mode.value,
+                "batch_sizes": dict(self.router.batch_sizes)}
 
     def load_state_dict(self, state: dict[int, dict[str, Any]]) -> None:
         """Restore what `state_dict` returned (entries of stages on other ranks are ignored). With the work in
