@@ -25,7 +25,6 @@ refill the drain causes: ticks where some processes wait).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -36,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from common import add_out_argument, progress, results_path, write_results  # noqa: E402
+from common import add_out_argument, launched_as, progress, results_path, write_results  # noqa: E402
 
 WAYS = ("no saves", "in flight", "drained")
 MICRO_BATCH = 32
@@ -44,9 +43,8 @@ MICRO_BATCH = 32
 
 def run(way: str, folder: Path, steps: int, save_steps: int, rank: int = 0, world_size: int = 1) -> dict:
     """One run of the job as process `rank` of `world_size` (the whole model's weights come back from each)."""
-    if world_size > 1:  # what `accelerate launch` sets
-        os.environ.update(WORLD_SIZE=str(world_size), RANK=str(rank), LOCAL_RANK=str(rank),
-                          LOCAL_WORLD_SIZE=str(world_size))
+    if world_size > 1:
+        launched_as(rank, world_size)
     import torch
 
     from petra_hub import RevNetConfig, RevNetForImageClassification

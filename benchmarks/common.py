@@ -99,6 +99,12 @@ def tensors_of(value) -> list[torch.Tensor]:
 
 
 # -- runs and results ----------------------------------------------------------------------------------------------
+def launched_as(rank: int, world_size: int) -> None:
+    """The environment `accelerate launch` gives process `rank` of `world_size` (PetraTrainer reads it)."""
+    os.environ.update(WORLD_SIZE=str(world_size), RANK=str(rank), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world_size))
+
+
 def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 

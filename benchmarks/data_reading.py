@@ -28,7 +28,6 @@ needs no images pays, against the data set's size.
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import shutil
 import statistics
@@ -41,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from common import add_out_argument, progress, results_path, write_results  # noqa: E402
+from common import add_out_argument, launched_as, progress, results_path, write_results  # noqa: E402
 
 WAYS = ("every-process", "only-what-it-needs")
 MICRO_BATCH = 32
@@ -84,8 +83,7 @@ def _peak_mib() -> float:
 
 
 def _measure(rank: int, world_size: int, kind: str, data_dir: str, way: str, steps: int, output_dir: str) -> dict:
-    os.environ.update(WORLD_SIZE=str(world_size), RANK=str(rank), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world_size))
+    launched_as(rank, world_size)
     import torch
 
     torch.set_num_threads(1)
