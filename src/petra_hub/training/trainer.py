@@ -298,7 +298,7 @@ class PetraTrainer(Trainer):
         return PetraState(self._micro_batches_fed, len(self.stages), args.petra_mode, args.gradient_accumulation_steps,
                           *self._position, args.per_device_train_batch_size, dataset_label(self.train_dataset),
                           group_sizes(self.stages), args.petra_data_parallel, self._optimizer_name(),
-                          self._train_labels, self._pending.open_steps() if self.pipeline is not None else [])
+                          self._train_labels, self._pending.open_steps())
 
     def _optimizer_name(self) -> str:
         """The class of the stages' optimizers (a checkpoint records it: another class cannot load their states)."""
