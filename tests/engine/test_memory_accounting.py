@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from petra_hub.engine import Mode, Pipeline
+from petra_hub.engine import MemoryOptions, Mode, Pipeline
+from petra_hub.engine.accounting import memory_of
 from petra_hub.engine.batchnorm import frozen_running_stats
 from petra_hub.engine.tensors import as_tuple
 from petra_hub.testing.malloc import malloc_available, steady_state_growth
@@ -106,3 +107,24 @@ def test_each_of_two_processes_holds_what_malloc_says_within_10_percent(tmp_path
         held, allocated = result["value"]
         assert held > 2**20, rank
         assert abs(allocated / held - 1) < 0.10, (rank, held, allocated)
+
+
+@pytest.mark.parametrize("mode, options", [("petra", {}), ("delayed", {"accumulation_steps": 2}),
+                                           ("petra", {"memory": MemoryOptions(keep_graphs=[0, 2])}),
+                                           ("backprop", {})])
+def test_the_peak_from_running_totals_is_the_largest_exact_count_after_any_operation(mode, options):
+    model = small_model("revnet18", dtype=torch.float32)
+    pipeline = Pipeline(model.get_stages(), F.cross_entropy, mode=mode, **options)
+    exact = {index: 0 for index in pipeline.workers}
+    for worker in pipeline.workers.values():  # recount every tensor held after each operation, as memory() does
+        for name in ("forward", "backward", "forward_backward_last"):
+            def recounting(*args, _op=getattr(worker, name), _worker=worker, **kwargs):
+                result = _op(*args, **kwargs)
+                exact[_worker.index] = max(exact[_worker.index], memory_of(_worker.held()).total_bytes)
+                return result
+            setattr(worker, name, recounting)
+    for step in range(3 * len(model.get_stages())):
+        pipeline.step(*batch(model.config, 4, step, image_size=8))
+    pipeline.drain()
+    peaks = {index: stats.peak_bytes for index, stats in pipeline.memory().items()}
+    assert peaks == exact and min(peaks.values()) > 0

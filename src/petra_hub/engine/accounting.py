@@ -91,11 +91,11 @@ def memory_of(held: dict[str, list[torch.Tensor]], seen: set | None = None) -> M
 
 def graph_bytes(module: nn.Module, inputs: Activation, with_inputs: bool = False) -> int:
     """Bytes of the activations autograd keeps for the backward of `module(inputs)`, output included and parameters
-    excluded: what a recomputation (or a kept graph) holds for one micro-batch. `with_inputs`: the inputs too, where
-    the graph does not save them already (a RevNet coupling saves one stream of two). Running statistics are
-    untouched."""
+    excluded (and buffers: batch norm saves its running statistics, which are the model's): what a recomputation (or
+    a kept graph) holds for one micro-batch. `with_inputs`: the inputs too, where the graph does not save them
+    already (a RevNet coupling saves one stream of two). Running statistics are untouched."""
     leaves = detached(inputs, requires_grad=True)
-    params = list(module.parameters())
+    params = [*module.parameters(), *module.buffers()]
     with torch.enable_grad(), frozen_running_stats(module), recording_saved_tensors(exclude=params) as saved:
         outputs = module(leaves)
     held = saved + list(as_tuple(outputs)) + (list(as_tuple(leaves)) if with_inputs else [])

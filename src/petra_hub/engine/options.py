@@ -166,14 +166,18 @@ class Diagnostics:
     trace: record every operation with timestamps (`Pipeline.trace_events()`, see `trace`).
     check_reconstruction_every: every this many micro-batches, each reconstructing stage measures the relative error
         of the input it rebuilds against a copy of the one it received (`Pipeline.counters()`); None: off.
+    grad_norms: every update measures the norm of the gradient it applies (`StageCounters.grad_norm`, what Trainer
+        logs as grad_norm); one more pass over the gradients per update. Clipping measures it whatever this says.
     """
 
     trace: bool = False
     check_reconstruction_every: int | None = None
+    grad_norms: bool = False
 
     def __post_init__(self):
-        if not isinstance(self.trace, bool):
-            raise OptionError("trace", "True or False", self.trace)
+        for name in ("trace", "grad_norms"):
+            if not isinstance(getattr(self, name), bool):
+                raise OptionError(name, "True or False", getattr(self, name))
         every = self.check_reconstruction_every
         if every is not None and (not _is_whole(every) or every < 1):
             raise OptionError("check_reconstruction_every", "a whole number >= 1, or None (off)", every)

@@ -24,6 +24,7 @@ class Pending:
     rng: RngState | None = None  # the RNG state before the forward, if it drew random numbers (recomputing modes)
     unit_rngs: list[RngState | None] | None = None  # the same per member of a reversible StageGroup
     reference: Activation | None = None  # a copy of the input, to measure its reconstruction (sampled check)
+    nbytes: int = 0  # the bytes of all the above, each storage once (the worker's running total for its peak)
 
     def tensors(self) -> list[torch.Tensor]:
         held = list(self.saved)

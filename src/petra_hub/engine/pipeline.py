@@ -158,7 +158,8 @@ class Pipeline(Readings):
                 layout=Layout(device=self.device), precision=self.precision, optimizer_factory=optimizer_factory,
                 accumulation_steps=accumulation_steps, max_grad_norm=max_grad_norm, compile_options=compile_options,
                 remedies=self.remedies, memory=self.memory_options,
-                diagnostics=Diagnostics(check_reconstruction_every=self.diagnostics.check_reconstruction_every))
+                diagnostics=Diagnostics(check_reconstruction_every=self.diagnostics.check_reconstruction_every,
+                                        grad_norms=self.diagnostics.grad_norms))
         self.placement = Placement.for_pipeline(partition, len(self.stages), world)
         self.local = self.placement.groups[self.rank]
         self._global_ranks: list[int] | None = None

@@ -38,7 +38,7 @@ class Event:
 
 
 _WORKER_EVENTS = {"forward": "forward", "backward": "backward", "forward_backward_last": "forward+backward",
-                  "maybe_update": "update"}
+                  "_update": "update"}
 
 
 def timed(method):

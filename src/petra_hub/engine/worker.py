@@ -13,7 +13,7 @@ from torch.func import functional_call
 from .batchnorm import frozen_running_stats
 from .errors import PipelineError
 from .fidelity import StageProbe
-from .accounting import MemoryStats, StageCounters, memory_of, recording_saved_tensors, relative_error
+from .accounting import MemoryStats, StageCounters, memory_of, nbytes, recording_saved_tensors, relative_error
 from .modes import Mode
 from .optim import check_state_shapes, gradient_norm
 from .options import Diagnostics, Remedies
@@ -101,6 +101,7 @@ class StageWorker:
         self.precision = precision or Precision()
         remedies, diagnostics = remedies or Remedies(), diagnostics or Diagnostics()
         self.check_every = diagnostics.check_reconstruction_every if self.reconstructs else None
+        self.measures_grad_norm = diagnostics.grad_norms
         policy = self.precision
         self.loss_scale = LossScale(policy.initial_scale, policy.growth_interval) if policy.scales_loss else None
         named = [(name, p) for name, p in stage.named_parameters() if p.requires_grad]
@@ -113,6 +114,9 @@ class StageWorker:
         self.probes: dict[int, StageProbe] = {}  # probed micro-batches (see `fidelity`)
         self._group_ends: set[int] = set()  # micro-batches after which a group closes before reaching k
         self._peak = 0
+        # running totals for the peak, kept per operation instead of recounting every tensor held (see `_track_peak`)
+        self._pending_bytes = 0
+        self._grad_bytes = 0
 
     def _predictor(self, remedies: Remedies) -> WeightPredictor:
         """Weight prediction extrapolates over the delay: none at the last stage or without one."""
@@ -152,7 +156,8 @@ class StageWorker:
             if self.mode.pipelined:
                 weights = {name: p.detach().clone().requires_grad_() for name, p in zip(self.param_names, self.params)}
                 pending.weights = list(weights.values())
-            with torch.enable_grad(), recording_saved_tensors(exclude=pending.weights or self.params) as saved:
+            model_state = [*(pending.weights or self.params), *self.stage.buffers()]  # not the micro-batch's
+            with torch.enable_grad(), recording_saved_tensors(exclude=model_state) as saved:
                 outputs = self._evaluate(leaves, weights)
             pending.saved = saved
             pending.inputs, pending.outputs = leaves, outputs
@@ -164,7 +169,7 @@ class StageWorker:
                 pending.inputs = detached(inputs)
             elif self.check_every and micro_batch % self.check_every == 0:
                 pending.reference = like(inputs, tuple(t.detach().clone() for t in as_tuple(inputs)))
-        self._pending[micro_batch] = pending
+        self._keep(micro_batch, pending)
         self.counters.forwards += 1
         self._track_peak()
         return outputs
@@ -241,7 +246,6 @@ class StageWorker:
         return loss.detach(), detached(leaves), self._outgoing(self._leaf_grads(leaves))
 
     # -- updates ----------------------------------------------------------------------------------------------------
-    @timed
     def maybe_update(self, flush: bool = False) -> bool:
         """Apply the accumulated gradient when k micro-batches are in, when the group was closed early after the
         last one (`end_group_after`), or, with `flush`, when any are."""
@@ -250,6 +254,11 @@ class StageWorker:
         closed = self.group[-1] in self._group_ends
         if len(self.group) < self.accumulation_steps and not (flush or closed):
             return False
+        return self._update()
+
+    @timed
+    def _update(self) -> bool:
+        """Average the group's gradients and step; False where fp16 drops the group for an overflow."""
         self._group_ends.discard(self.group[-1])
         scale = 1.0 / len(self.group)
         if self.loss_scale is not None:
@@ -262,8 +271,9 @@ class StageWorker:
             return False
         if self.reduce_gradients is not None:
             self.reduce_gradients(self.params)
-        norm = gradient_norm(self.params, clip_to=self.max_grad_norm)  # measured clipping or not, as Trainer logs it
-        self.counters.last_grad_norm = norm if norm is not None else self.counters.last_grad_norm
+        if self.max_grad_norm or self.measures_grad_norm:
+            norm = gradient_norm(self.params, clip_to=self.max_grad_norm)
+            self.counters.last_grad_norm = norm if norm is not None else self.counters.last_grad_norm
         if self.on_update is not None:
             self.on_update(self.index, list(self.group), self.stage)
         if self.optimizer is not None:
@@ -275,6 +285,7 @@ class StageWorker:
             self.scheduler.step()
         for param in self.params:
             param.grad = None
+        self._grad_bytes = 0
         self.group.clear()
         self.counters.updates += 1
         if self.loss_scale is not None:
@@ -288,6 +299,7 @@ class StageWorker:
             return False
         for param in self.params:
             param.grad = None
+        self._grad_bytes = 0
         self.group.clear()
         self.counters.skipped_updates += 1
         return True
@@ -340,9 +352,11 @@ class StageWorker:
             if grad is not None and grad.shape != param.shape:
                 raise ValueError(f"stage {self.index}: the saved gradient of {name} has shape {tuple(grad.shape)}, "
                                  f"the parameter {tuple(param.shape)}")
-        self._pending = {int(m): loaded_pending(saved, device) for m, saved in sorted(state["pending"].items())}
+        for micro_batch, saved in sorted(state["pending"].items()):
+            self._keep(int(micro_batch), loaded_pending(saved, device))
         for param, grad in zip(self.params, grads):
             param.grad = None if grad is None else grad.to(param)
+        self._grad_bytes = nbytes(p.grad for p in self.params if p.grad is not None)
         self.group = [int(m) for m in state["group"]]
         self._group_ends = {int(m) for m in state["group_ends"]}
         if self.loss_scale is not None and state["overflow"] is not None:
@@ -376,10 +390,17 @@ class StageWorker:
         return stats
 
     # -- helpers ----------------------------------------------------------------------------------------------------
+    def _keep(self, micro_batch: int, pending: Pending) -> None:
+        self._pending[micro_batch] = pending
+        pending.nbytes = nbytes(pending.tensors() + (pending.weights or []))
+        self._pending_bytes += pending.nbytes
+
     def _take(self, micro_batch: int) -> Pending:
         if micro_batch not in self._pending:
             raise PipelineError(f"stage {self.index} has no forward record of micro-batch {micro_batch}")
-        return self._pending.pop(micro_batch)
+        pending = self._pending.pop(micro_batch)
+        self._pending_bytes -= pending.nbytes
+        return pending
 
     def _count_backward(self, micro_batch: int) -> None:
         if micro_batch != self.counters.last_backward + 1:
@@ -389,6 +410,8 @@ class StageWorker:
         self.counters.last_backward = micro_batch
         self.counters.backwards += 1
         self.group.append(micro_batch)
+        if len(self.group) == 1:  # the group's gradients now exist; they keep their storage until the update
+            self._grad_bytes = nbytes(p.grad for p in self.params if p.grad is not None)
         self._track_peak()
 
     @property
@@ -438,7 +461,11 @@ class StageWorker:
         return like(leaves, tuple(t.grad if t.grad is not None else torch.zeros_like(t) for t in as_tuple(leaves)))
 
     def _track_peak(self) -> None:
-        self._peak = max(self._peak, memory_of(self.held()).total_bytes)
+        """The peak after an operation, from running totals: each micro-batch's record counted once when it is made,
+        the gradients once per group (they accumulate in place), and the few messages waiting. Recounting every
+        tensor held, as `memory()` does, would cost more than a small stage's operations."""
+        waiting = nbytes(self.waiting_messages())
+        self._peak = max(self._peak, self._pending_bytes + self._grad_bytes + waiting)
 
 
 def run_stage(worker: StageWorker, router, forward: int | None, backward: int | None, targets: dict, loss_fn,

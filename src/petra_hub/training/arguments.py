@@ -213,8 +213,9 @@ class PetraTrainingArguments(TrainingArguments):
         return MemoryOptions(memory_budget=self.memory_budget_bytes() if training else None)
 
     def diagnostics(self) -> Diagnostics:
-        """What the engine records beside training (petra_check_reconstruction_every; 0: off)."""
-        return Diagnostics(check_reconstruction_every=self.petra_check_reconstruction_every or None)
+        """What the engine records beside training (petra_check_reconstruction_every; 0: off), and each update's
+        gradient norm, which Trainer logs clipping or not."""
+        return Diagnostics(check_reconstruction_every=self.petra_check_reconstruction_every or None, grad_norms=True)
 
     def check_run_length(self) -> None:
         """Refuse a run of no steps before anything runs (it would train nothing, then evaluate and save the
