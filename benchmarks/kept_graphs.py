@@ -3,13 +3,17 @@
     python benchmarks/kept_graphs.py            # RevNet18 at the recipe widths, 32x32, micro-batch 32 (~6 min)
     python benchmarks/kept_graphs.py --quick    # tiny widths and windows (~20 s): kept_graphs-quick.json
 
-One process, one thread, all stages of the pipeline in it. Methods, timed in interleaved windows of N micro-batches
-at the steady state (medians over the repetitions): PETRA recomputing (the paper), PETRA with the graphs that fit a
-memory budget halfway between that and every graph kept (`memory_budget`), PETRA keeping the graphs of the stages
-that store their input (`keep_graphs`: stem and downsampling blocks), PETRA keeping every stage's graph (the
-reversible ones then skip their reconstruction), and the engine's `backprop` mode (plain backprop through the
-stages) as the reference. Memory: the activation and weight-copy
-bytes the stages hold between ticks (`Pipeline.memory()`), the largest seen. Discussion: docs/benchmarks-throughput.md.
+One process, one thread, all stages of the pipeline in it, in the environment a user has (no allocator tuning).
+Methods, timed in interleaved windows of N micro-batches at the steady state (medians over the repetitions): a plain
+torch loop (`model(x)`, `cross_entropy`, `backward`, SGD step: what a user would otherwise run, the reference), the
+same loop with a forward without a graph first (PETRA's operations, without the engine: the bound PETRA can reach),
+the engine's `backprop` mode (the same operations through the engine's stages), PETRA recomputing (the paper), PETRA
+with the graphs that fit a memory budget halfway between that and every graph kept (`memory_budget`), PETRA keeping
+the graphs of the stages that store their input (`keep_graphs`: stem and downsampling blocks), and PETRA keeping
+every stage's graph (the reversible ones then skip their reconstruction). Memory: the activation and weight-copy
+bytes the stages hold between ticks (`Pipeline.memory()`), the largest seen, and the largest total the stages held
+after any of their operations within a tick (`peak_bytes`, gradients and waiting messages included).
+Discussion: docs/benchmarks-throughput.md.
 """
 
 from __future__ import annotations
@@ -31,13 +35,14 @@ os.environ.update(SINGLE_THREAD_ENV)
 
 import torch  # noqa: E402
 
-from common import add_out_argument, build_model, feed, load_average, make_pipeline, progress  # noqa: E402
+from common import add_out_argument, build_model, cross_entropy, feed, load_average, make_pipeline  # noqa: E402
+from common import progress, sgd  # noqa: E402
 from common import random_batches, results_path, revnet_config, write_results  # noqa: E402
 from petra_hub.engine import MemoryOptions, Mode  # noqa: E402
 from petra_hub.engine.graph_budget import keepable_stages, recomputing_stages  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH, RECIPE_WIDTH  # noqa: E402
 
-METHODS = ("backprop", "petra", "petra_budget", "petra_kept", "petra_all_kept")
+METHODS = ("plain", "plain_second_forward", "backprop", "petra", "petra_budget", "petra_kept", "petra_all_kept")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -56,8 +61,35 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+class PlainLoop:
+    """What a user runs without the engine: the whole model, one backward, one SGD step per micro-batch. With
+    `second_forward`, first a forward without a graph, as PETRA's forward is: the loop then runs PETRA's operations
+    (its backward recomputes the forward with a graph), so PETRA's time over it is the engine's own."""
+
+    def __init__(self, model, second_forward: bool = False):
+        self.model, self.optimizer, self.second_forward = model, sgd(model, 0.01), second_forward
+
+    def step(self, images, labels):
+        if self.second_forward:
+            with torch.no_grad():
+                self.model(images)
+        self.optimizer.zero_grad(set_to_none=True)
+        cross_entropy(self.model(images).logits, labels).backward()
+        self.optimizer.step()
+
+    def memory(self):
+        return {}
+
+    def drain(self):
+        pass
+
+
 def held_bytes(pipeline) -> int:
     return sum(stats.activation_bytes + stats.stash_bytes for stats in pipeline.memory().values())
+
+
+def peak_bytes(pipeline) -> int:
+    return sum(stats.peak_bytes for stats in pipeline.memory().values())
 
 
 def main(argv=None) -> dict:
@@ -83,6 +115,10 @@ def main(argv=None) -> dict:
     engines["petra_budget"] = pipeline("petra", memory=MemoryOptions(memory_budget=budget), profile_batch=batches[0])
     feed(engines["petra_budget"], batches, 2 * len(stages))
     feed(engines["backprop"], batches, 3)
+    engines["plain"] = PlainLoop(build_model(config))
+    engines["plain_second_forward"] = PlainLoop(build_model(config), second_forward=True)
+    feed(engines["plain"], batches, 3)
+    feed(engines["plain_second_forward"], batches, 3)
     progress(f"{os.cpu_count()} CPUs, load average {load_average()}; stages that recompute: {candidates}; budget "
              f"{budget} bytes keeps {sorted(engines['petra_budget'].kept_graphs)}")
 
@@ -102,17 +138,21 @@ def main(argv=None) -> dict:
     for name in METHODS:
         engines[name].drain()
     medians = {name: statistics.median(values) for name, values in times.items()}
-    paired = {name: statistics.median(t / b for t, b in zip(times[name], times["backprop"])) for name in METHODS}
+    paired = {reference: {name: statistics.median(t / b for t, b in zip(times[name], times[reference]))
+                          for name in METHODS} for reference in ("plain", "backprop")}
+    within = {name: peak_bytes(engines[name]) for name in METHODS}
     for name in METHODS:
-        progress(f"{name:14s} {1e3 * medians[name]:7.2f} ms per micro-batch ({paired[name]:.3f}x backprop), "
-                 f"holds {peaks[name] / 2**20:.2f} MiB")
+        progress(f"{name:14s} {1e3 * medians[name]:7.2f} ms per micro-batch ({paired['plain'][name]:.3f}x plain, "
+                 f"{paired['backprop'][name]:.3f}x backprop mode), holds {peaks[name] / 2**20:.2f} MiB between "
+                 f"ticks, {within[name] / 2**20:.2f} MiB at its peak")
     return write_results(
         results_path(args.out, "kept_graphs", args.quick), "kept_graphs", "kept_graphs.py", argv,
         {key: value for key, value in vars(args).items() if key != "out"},
         layout="".join("R" if getattr(s, "reversible", False) else "B" for s in stages),
         recomputing=candidates, budget_bytes=budget,
         kept={name: sorted(getattr(engines[name], "kept_graphs", ())) for name in METHODS},
-        times=times, median_s=medians, ratio_to_backprop=paired, held_bytes=peaks, load=load_average(),
+        times=times, median_s=medians, ratio_to_plain=paired["plain"], ratio_to_backprop=paired["backprop"],
+        held_bytes=peaks, peak_bytes=within, load=load_average(),
     )
 
 

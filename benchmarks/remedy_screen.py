@@ -4,6 +4,7 @@ into one JSON with each run's accuracy and gradient fidelity, and each setting's
 
     python benchmarks/remedy_screen.py benchmarks/plans/revvit_tiny_remedies.txt --jobs 16
     python benchmarks/remedy_screen.py PLAN --gather DIR [DIR ...]   # runs made elsewhere (their per-line JSONs)
+    python benchmarks/remedy_screen.py PLAN --merge JSON [JSON ...]  # runs from earlier screens, summarised anew
 
 A plan line is `NAME MODEL CONFIG SEED EPOCHS [RECIPE FLAGS ...]`: a unique name, an accuracy_digits model and
 configuration (`petra-k1+delay-scaled+layerscale`), the seed, the epochs, and recipe flags given last, so that they
@@ -81,6 +82,25 @@ def gather(plan: list[dict], folders: list[Path]) -> list[dict]:
     return records
 
 
+def merge(plan: list[dict], screens: list[Path]) -> list[dict]:
+    """The plan's run records, taken from earlier screens' JSONs (each line's name, first found), where the screen
+    ran the same model, configuration, seed, epochs and flags."""
+    runs = {}
+    for screen in screens:
+        for run in json.loads(screen.read_text())["runs"]:
+            runs.setdefault(run["name"], run)
+    records = []
+    for line in plan:
+        run = runs.get(line["name"])
+        if run is None:
+            raise FileNotFoundError(f"no run named {line['name']!r} in {', '.join(map(str, screens))}")
+        differs = [key for key in line if run.get(key) != line[key]]
+        if differs:
+            raise ValueError(f"run {line['name']!r} differs from the plan in {', '.join(differs)}")
+        records.append(run)
+    return records
+
+
 def setting_of(record: dict) -> tuple:
     flags = list(record["recipe_args"])
     if "--petra_num_stages" in flags:  # the stages are a column of their own
@@ -120,11 +140,15 @@ def main(argv=None) -> dict:
                         help="the configuration gaps are paired against (default backprop+layerscale)")
     parser.add_argument("--gather", type=Path, nargs="+", default=None,
                         help="read the per-line JSONs of runs made elsewhere instead of running the plan")
+    parser.add_argument("--merge", type=Path, nargs="+", default=None,
+                        help="take the plan's runs from earlier screens' JSONs instead of running them")
     add_out_argument(parser, "remedy_screen")
     args = parser.parse_args(argv)
     plan = read_plan(args.plan)
     if args.gather:
         records = gather(plan, args.gather)
+    elif args.merge:
+        records = merge(plan, args.merge)
     else:
         with tempfile.TemporaryDirectory(prefix="petra-screen-") as folder:
             with ThreadPoolExecutor(max_workers=args.jobs) as pool:
@@ -136,7 +160,7 @@ def main(argv=None) -> dict:
         progress(f"{row['config']} J={row['stages']} {row['flags'] or '-'}: {row['mean']:.2f} % over seeds "
                  f"{row['seeds']}{gap}")
     settings = {"plan": str(args.plan), "fidelity_every": args.fidelity_every, "baseline": args.baseline,
-                "gathered_from": [str(folder) for folder in args.gather] if args.gather else None}
+                "gathered_from": [str(path) for path in args.gather or args.merge or []] or None}
     return write_results(results_path(args.out, "remedy_screen", False), "remedy_screen", "remedy_screen.py", argv,
                          settings, runs=records, rows=rows)
 

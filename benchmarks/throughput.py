@@ -81,7 +81,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--quick", action="store_true", help="tiny model and windows: a smoke test of the script")
     parser.add_argument(
-        "--default-malloc", action="store_true", help="keep glibc's adaptive malloc thresholds (see _launch.py)"
+        "--tuned-malloc", action="store_true",
+        help="fix glibc's malloc thresholds in every process (see _launch.py); default: the environment a user has"
     )
     add_out_argument(parser, "throughput")
     args = parser.parse_args(argv)
@@ -360,7 +361,7 @@ def main(argv=None) -> dict:
         if sum(parse_groups(spec)[0]) != model_stages:
             raise SystemExit(f"--petra-groups {spec}: the group sizes must add up to the {model_stages} stages")
     started = time.time()
-    env = {} if settings.default_malloc else STABLE_MALLOC_ENV
+    env = STABLE_MALLOC_ENV if settings.tuned_malloc else {}
 
     progress("part 1, one process: per-stage cost, memory, PETRA against plain backprop")
     (one,) = launch(one_process_job, 1, settings, env=env)

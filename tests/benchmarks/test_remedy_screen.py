@@ -42,3 +42,25 @@ def test_a_plan_line_without_its_fields_or_a_name_used_twice_is_refused(tmp_path
     plan.write_text("a revnet18 backprop 0 1\na revnet18 backprop 1 1\n")
     with pytest.raises(ValueError, match="a name is used twice"):
         screen.read_plan(plan)
+
+
+def test_a_merge_takes_runs_from_earlier_screens_and_refuses_one_that_ran_otherwise(tmp_path):
+    screen = load("remedy_screen")
+
+    def run(name, config, seed, accuracy, flags=()):
+        return {"name": name, "model": "revnet18", "config": config, "seed": seed, "epochs": 1.0,
+                "recipe_args": list(flags), "num_stages": 10, "test_accuracy": accuracy, "cosine_true_mean": None}
+
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    first.write_text(json.dumps({"runs": [run("bp", "backprop", 0, 90.0), run("p", "petra-k1", 0, 85.0)]}))
+    second.write_text(json.dumps({"runs": [run("p", "petra-k1", 0, 10.0),
+                                           run("q", "petra-k2", 0, 88.0, ["--x", "1"])]}))
+    plan = tmp_path / "plan.txt"
+    plan.write_text("bp revnet18 backprop 0 1\np revnet18 petra-k1 0 1\nq revnet18 petra-k2 0 1 --x 1\n")
+    result = screen.main([str(plan), "--merge", str(first), str(second), "--baseline", "backprop", "--out",
+                          str(tmp_path / "merged.json")])
+    rows = {row["config"]: row for row in result["rows"]}
+    assert rows["petra-k1"]["gap_mean"] == -5.0 and rows["petra-k2"]["gap_mean"] == -2.0  # the first screen's p
+    plan.write_text("q revnet18 petra-k2 0 1 --x 2\n")
+    with pytest.raises(ValueError, match="run 'q' differs from the plan in recipe_args"):
+        screen.main([str(plan), "--merge", str(second), "--out", str(tmp_path / "refused.json")])

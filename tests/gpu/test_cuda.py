@@ -239,3 +239,26 @@ def test_the_trainer_on_the_gpu_trains_alike_with_and_without_pinned_memory(tmp_
     (losses, weights), (losses_unpinned, weights_unpinned) = runs
     assert losses == losses_unpinned
     assert all(torch.equal(weights[name], weights_unpinned[name]) for name in weights)
+
+
+@pytest.mark.parametrize("mode", ["petra", "backprop"])
+def test_a_steady_state_step_never_waits_for_the_device(mode):
+    """No host synchronisation inside a tick: CUDA's sync debug mode turns any (an `.item()`, a host copy of a
+    device value, a shape that depends on data) into an error. The inputs arrive on the device already; the
+    losses the steps return stay there."""
+    model = small_model("revnet18", dtype=torch.float32, seed=0).to(CUDA).train()
+    pipeline = Pipeline(model.get_stages(), cross_entropy, mode=mode, layout=Layout(device=CUDA),
+                        optimizer_factory=lambda index, stage: torch.optim.SGD(stage.parameters(), lr=0.01,
+                                                                               momentum=0.9))
+    batches = [(x.to(CUDA), y.to(CUDA)) for x, y in micro_batches(model.config, 4, dtype=torch.float32)]
+    for images, labels in batches * 6:  # past the fill: every stage has work in both directions
+        pipeline.step(images, labels)
+    torch.cuda.synchronize()
+    losses = []
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for images, labels in batches * 2:
+            losses.extend(pipeline.step(images, labels))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert losses and all(loss.is_cuda for _, loss in losses)

@@ -40,13 +40,13 @@ class PendingLosses:
     (a loss may come before its step closes, in the synchronous modes, or steps later, in the pipelined ones)."""
 
     def __init__(self) -> None:
-        self.losses: dict[int, float] = {}
+        self.losses: dict[int, torch.Tensor] = {}  # on the last stage's device until taken: no wait per micro-batch
         self.samples = 0
         self.step_sizes: dict[int, int] = {}  # micro-batch -> micro-batches of its step, for the closed steps
         self.open_from = 0  # the first micro-batch of the open step
 
     def add(self, losses: list, samples: int = 0) -> None:
-        self.losses.update((index, float(loss)) for index, loss in losses)
+        self.losses.update((index, loss.detach()) for index, loss in losses)
         self.samples += samples
 
     def close_step(self, stop: int) -> None:
@@ -66,9 +66,13 @@ class PendingLosses:
 
     def take(self) -> LossWindow:
         window, self.samples = LossWindow(samples=self.samples), 0
-        for index in [index for index in self.losses if index in self.step_sizes]:
+        closed = [index for index in self.losses if index in self.step_sizes]
+        if not closed:
+            return window
+        values = torch.stack([self.losses.pop(index) for index in closed]).tolist()  # one wait, not one each
+        for index, value in zip(closed, values):
             share = 1 / self.step_sizes.pop(index)
-            window.loss_sum += self.losses.pop(index) * share
+            window.loss_sum += value * share
             window.steps += share
         return window
 
