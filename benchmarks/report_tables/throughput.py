@@ -262,3 +262,27 @@ def throughput_summary(r, arg=None):
                          f"checkpointing {setting}", ms(f["med"][best["key"]]),
                          f"{f['med'][best['key']] / f['med']['petra']:.2f}x"])  # fmt: skip
     return table(["method", "ms / micro-batch", "PETRA faster by"], rows)
+
+
+@renders("throughput", "versus-torch")
+def throughput_versus_torch(r, arg=None):
+    """PETRA against what a user would otherwise run on 2 processes, torch's schedules, in rows whose labels do not
+    change between runs (the README quotes them): checkpointed 1F1B, which does PETRA's work (its fastest m), and
+    the fastest torch schedule within PETRA's memory and at any memory."""
+    f = figures(r)
+    petra = f["med"]["petra"]
+    best_1f1b, m = min(one_f_one_b(r), key=lambda pair: f["med"][pair[0]])
+    measured = [record for record in rival_records(r) or [] if record["status"] == "measured"]
+    budget = rival_peak(r, "petra") if measured else None  # runs made before the rivals were measured: no memory
+    rows = [["PETRA (steady state)", ms(petra), "-", f"{mib(budget)} MiB" if measured else ""],
+            ["`Schedule1F1B` with checkpointing (the same work), its fastest m", ms(f["med"][best_1f1b]),
+             f"{f['med'][best_1f1b] / petra:.2f}x", f"m = {m}"]]
+    for title, candidates in (("within PETRA's memory", [x for x in measured if rival_peak(r, x) <= budget]),
+                              ("at any memory", measured)):  # fmt: skip
+        if candidates:
+            best = min(candidates, key=lambda record: f["med"][record["key"]])
+            rows.append([f"fastest torch schedule {title}", ms(f["med"][best["key"]]),
+                         f"{f['med'][best['key']] / petra:.2f}x",
+                         f"`{best['torch_class']}`, checkpointing {CHECKPOINTING[best['checkpointing']]}, "
+                         f"m = {best['m']}, {mib(rival_peak(r, best))} MiB"])  # fmt: skip
+    return table(["method", "ms / micro-batch", "PETRA faster by", "setting"], rows, "lrrl")

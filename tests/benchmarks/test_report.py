@@ -175,6 +175,8 @@ def test_throughput_tables_render_from_a_quick_run(report):
     assert len(tables["ratios"].splitlines()) == 2 + methods - 1
     assert tables["partition"].count("\n") == 3  # header, rule, one row per rank
     assert "`python benchmarks/throughput.py --quick" in tables["run"]
+    versus = tables["versus-torch"].splitlines()  # no rivals in this run: PETRA and checkpointed 1F1B only
+    assert len(versus) == 4 and versus[3].startswith("| `Schedule1F1B` with checkpointing (the same work)")
 
 
 def test_table4_ranks_against_the_papers_row_with_ties(report):
