@@ -251,17 +251,27 @@ def throughput_summary(r, arg=None):
          f"{' / '.join(str(m) for _, m in one_f_one_b(r))} micro-batches per step",
          ms_of, " / ".join(f"{f['vs'][name]:.2f}x" for name in names)],
     ]  # fmt: skip
+    for title, best in fastest_rivals(r, f):
+        setting = f"{CHECKPOINTING[best['checkpointing']]}, m = {best['m']}, {mib(rival_peak(r, best))} MiB"
+        rows.append([f"fastest torch schedule {title} (PETRA: {mib(rival_peak(r, 'petra'))} MiB): "
+                     f"`{best['torch_class']}`, checkpointing {setting}", ms(f["med"][best["key"]]),
+                     f"{f['med'][best['key']] / f['med']['petra']:.2f}x"])  # fmt: skip
+    return table(["method", "ms / micro-batch", "PETRA faster by"], rows)
+
+
+def fastest_rivals(r, f) -> list[tuple[str, dict]]:
+    """("within PETRA's memory" / "at any memory", the fastest measured torch schedule there), for those that have
+    one (none for runs made before the rivals were measured)."""
     measured = [record for record in rival_records(r) or [] if record["status"] == "measured"]
-    budget = rival_peak(r, "petra") if measured else None
+    if not measured:
+        return []
+    budget = rival_peak(r, "petra")
+    found = []
     for title, candidates in (("within PETRA's memory", [x for x in measured if rival_peak(r, x) <= budget]),
                               ("at any memory", measured)):  # fmt: skip
         if candidates:
-            best = min(candidates, key=lambda record: f["med"][record["key"]])
-            setting = f"{CHECKPOINTING[best['checkpointing']]}, m = {best['m']}, {mib(rival_peak(r, best))} MiB"
-            rows.append([f"fastest torch schedule {title} (PETRA: {mib(budget)} MiB): `{best['torch_class']}`, "
-                         f"checkpointing {setting}", ms(f["med"][best["key"]]),
-                         f"{f['med'][best['key']] / f['med']['petra']:.2f}x"])  # fmt: skip
-    return table(["method", "ms / micro-batch", "PETRA faster by"], rows)
+            found.append((title, min(candidates, key=lambda record: f["med"][record["key"]])))
+    return found
 
 
 @renders("throughput", "versus-torch")
@@ -272,17 +282,13 @@ def throughput_versus_torch(r, arg=None):
     f = figures(r)
     petra = f["med"]["petra"]
     best_1f1b, m = min(one_f_one_b(r), key=lambda pair: f["med"][pair[0]])
-    measured = [record for record in rival_records(r) or [] if record["status"] == "measured"]
-    budget = rival_peak(r, "petra") if measured else None  # runs made before the rivals were measured: no memory
-    rows = [["PETRA (steady state)", ms(petra), "-", f"{mib(budget)} MiB" if measured else ""],
+    rivals = fastest_rivals(r, f)  # empty for runs made before the rivals (and PETRA's memory) were measured
+    rows = [["PETRA (steady state)", ms(petra), "-", f"{mib(rival_peak(r, 'petra'))} MiB" if rivals else ""],
             ["`Schedule1F1B` with checkpointing (the same work), its fastest m", ms(f["med"][best_1f1b]),
              f"{f['med'][best_1f1b] / petra:.2f}x", f"m = {m}"]]
-    for title, candidates in (("within PETRA's memory", [x for x in measured if rival_peak(r, x) <= budget]),
-                              ("at any memory", measured)):  # fmt: skip
-        if candidates:
-            best = min(candidates, key=lambda record: f["med"][record["key"]])
-            rows.append([f"fastest torch schedule {title}", ms(f["med"][best["key"]]),
-                         f"{f['med'][best['key']] / petra:.2f}x",
-                         f"`{best['torch_class']}`, checkpointing {CHECKPOINTING[best['checkpointing']]}, "
-                         f"m = {best['m']}, {mib(rival_peak(r, best))} MiB"])  # fmt: skip
+    for title, best in rivals:
+        rows.append([f"fastest torch schedule {title}", ms(f["med"][best["key"]]),
+                     f"{f['med'][best['key']] / petra:.2f}x",
+                     f"`{best['torch_class']}`, checkpointing {CHECKPOINTING[best['checkpointing']]}, "
+                     f"m = {best['m']}, {mib(rival_peak(r, best))} MiB"])  # fmt: skip
     return table(["method", "ms / micro-batch", "PETRA faster by", "setting"], rows, "lrrl")

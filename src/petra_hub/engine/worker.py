@@ -356,7 +356,7 @@ class StageWorker:
             self._keep(int(micro_batch), loaded_pending(saved, device))
         for param, grad in zip(self.params, grads):
             param.grad = None if grad is None else grad.to(param)
-        self._grad_bytes = nbytes(p.grad for p in self.params if p.grad is not None)
+        self._grad_bytes = nbytes(self._grads())
         self.group = [int(m) for m in state["group"]]
         self._group_ends = {int(m) for m in state["group_ends"]}
         if self.loss_scale is not None and state["overflow"] is not None:
@@ -379,7 +379,7 @@ class StageWorker:
             "activation": [t for p in self._pending.values() for t in p.tensors()],
             "stash": [w for p in self._pending.values() if p.weights is not None for w in p.weights],
             "message": self.waiting_messages(),
-            "gradient": [p.grad for p in self.params if p.grad is not None],
+            "gradient": self._grads(),
         }
 
     def memory(self) -> MemoryStats:
@@ -394,6 +394,10 @@ class StageWorker:
         self._pending[micro_batch] = pending
         pending.nbytes = nbytes(pending.tensors() + (pending.weights or []))
         self._pending_bytes += pending.nbytes
+
+    def _grads(self) -> list[torch.Tensor]:
+        """The gradients the stage's parameters hold now (an accumulation group's, until its update)."""
+        return [p.grad for p in self.params if p.grad is not None]
 
     def _take(self, micro_batch: int) -> Pending:
         if micro_batch not in self._pending:
@@ -411,7 +415,7 @@ class StageWorker:
         self.counters.backwards += 1
         self.group.append(micro_batch)
         if len(self.group) == 1:  # the group's gradients now exist; they keep their storage until the update
-            self._grad_bytes = nbytes(p.grad for p in self.params if p.grad is not None)
+            self._grad_bytes = nbytes(self._grads())
         self._track_peak()
 
     @property
