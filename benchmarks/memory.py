@@ -15,6 +15,7 @@ why: docs/benchmarks-memory.md; tables: `python benchmarks/report.py`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import sys
@@ -35,6 +36,7 @@ import torch  # noqa: E402
 from common import add_out_argument, build_model, make_pipeline, progress, random_batches  # noqa: E402
 from common import results_path, revnet_config, write_results  # noqa: E402
 from _launch import launch  # noqa: E402
+from op_peaks import OperationPeaks  # noqa: E402
 from petra_hub.engine import Mode, Schedule, stage_layout  # noqa: E402
 from petra_hub.models.revnet import RevNetConfig  # noqa: E402
 from petra_hub.models.revvit import RevViTConfig, RevViTForImageClassification  # noqa: E402
@@ -60,6 +62,15 @@ class StageMemory:
     stash_bytes: int
     gradient_bytes: int
     message_bytes: int = 0  # at the measured micro-batch: messages delivered to the stage for its next tick
+    # the most the stage held inside any of its operations (`op_peaks`, gradients included), at the measured
+    # micro-batch and at twice it: what does not grow with the micro-batch (gradients, weight copies) and what does
+    peak_bytes: int = 0
+    peak_bytes_double: int = 0
+
+    def peak(self, scale: float) -> float:
+        """The within-operation peak at `scale` times the measured micro-batch (and area): the two measurements
+        give its part that grows with the micro-batch and the part that does not."""
+        return self.peak_bytes + (self.peak_bytes_double - self.peak_bytes) * (scale - 1)
 
     def buffer_bytes(self, scale: float) -> float:
         """Activations and waiting messages scaled to the target micro-batch, plus weight copies (batch
@@ -85,8 +96,9 @@ class ModeResult:
 
 
 # -- measuring -----------------------------------------------------------------------------------------------------
-def measure(model, mode: Mode, batch: int, image_size: int) -> ModeResult:
-    """Run `mode` on the model's stages until the steady state and read every stage's buffers.
+def measure(model, mode: Mode, batch: int, image_size: int, peaks: bool = False) -> ModeResult:
+    """Run `mode` on the model's stages until the steady state and read every stage's buffers; with `peaks`, also
+    the most each stage held inside an operation (`op_peaks.OperationPeaks`, profiled from the first micro-batch).
 
     Synchronous modes hold nothing between ticks: for them a stage's figure is what it holds between its forward
     and its backward for one micro-batch, its `peak_bytes`, minus the gradient accumulators (kept alive, and so
@@ -104,10 +116,12 @@ def measure(model, mode: Mode, batch: int, image_size: int) -> ModeResult:
         count, batch, image_size, channels=config.num_channels, num_labels=config.num_labels, seed=0
     )
     start = time.perf_counter()
-    for images, labels in batches:
-        pipeline.step(images, labels)
+    with OperationPeaks(pipeline) if peaks else contextlib.nullcontext() as profiled:
+        for images, labels in batches:
+            pipeline.step(images, labels)
     seconds = time.perf_counter() - start
     del batches
+    within = profiled.stage_peaks() if peaks else {}
     memory, in_flight, layout = pipeline.memory(), pipeline.in_flight(), stage_layout(stages)
     result = ModeResult(mode.value, count, seconds)
     for i, stats in sorted(memory.items()):
@@ -120,8 +134,8 @@ def measure(model, mode: Mode, batch: int, image_size: int) -> ModeResult:
             raise RuntimeError(f"{mode.value}: stage {i} holds buffers between micro-batches")
         else:
             activations, stash, messages = stats.peak_bytes - stats.gradient_bytes, 0, 0
-        result.stages.append(
-            StageMemory(i, layout[i], len(in_flight[i]), activations, stash, stats.gradient_bytes, messages))
+        result.stages.append(StageMemory(i, layout[i], len(in_flight[i]), activations, stash, stats.gradient_bytes,
+                                         messages, peak_bytes=within.get(i, 0)))
     del pipeline, memory  # reference counting frees the buffers; a full gc.collect() per run costs ~0.25 s
     model.zero_grad(set_to_none=True)
     return result
@@ -137,10 +151,15 @@ def model_config(preset: str, downsampling: str, fast: bool) -> RevNetConfig:
     return revnet_config(preset, stem="imagenet", num_labels=1000, downsampling=downsampling)
 
 
-def measure_all(model, modes, batch, image_size, label) -> dict[str, ModeResult]:
+def measure_all(model, modes, batch, image_size, label, peaks: bool = False) -> dict[str, ModeResult]:
+    """Every mode's buffers; with `peaks`, each stage's within-operation peak at `batch` and at twice it."""
     results = {}
     for mode in modes:
-        results[mode.value] = result = measure(model, mode, batch, image_size)
+        results[mode.value] = result = measure(model, mode, batch, image_size, peaks)
+        if peaks:
+            double = measure(model, mode, 2 * batch, image_size, peaks)
+            for stage, twice in zip(result.stages, double.stages):
+                stage.peak_bytes_double = twice.peak_bytes
         progress(f"{label} {mode.value:<20} {result.micro_batches:3d} micro-batches in {result.seconds:6.1f} s")
     return results
 
@@ -153,7 +172,12 @@ def describe(mode: Mode) -> tuple[str, str]:
 
 
 def totals(results: dict[str, ModeResult], params: int, scale: float) -> dict:
-    """Model + buffers per configuration (paper Table 3), with and without the stem's image buffer, in GB."""
+    """Model + buffers per configuration (paper Table 3), with and without the stem's image buffer, in GB; where the
+    peaks were measured, also the sum of the stages' within-operation peaks with the weights and the momentum of
+    the paper's SGD (one buffer per weight): what the devices must hold at their busiest."""
+
+    def peak(result: ModeResult) -> float:
+        return sum(s.peak(scale) for s in result.stages) + 2 * params
 
     def total(result: ModeResult, with_stem: bool) -> float:
         activations = sum(s.activation_bytes for s in result.stages if with_stem or s.kind != "S")
@@ -180,6 +204,9 @@ def totals(results: dict[str, ModeResult], params: int, scale: float) -> dict:
             "saving_vs_delayed": 1 - with_stem / total(delayed, True) if compare else None,
             "saving_vs_delayed_without_stem": 1 - without_stem / total(delayed, False) if compare else None,
         }
+        if all(s.peak_bytes for s in result.stages):
+            summary[name]["peak_gb"] = peak(result) / GB
+            summary[name]["peak_saving_vs_delayed"] = 1 - peak(result) / peak(delayed) if compare else None
     return summary
 
 
@@ -284,6 +311,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--report-size", type=int, default=None, help="image side reported (default 224; 32 --fast)")
     parser.add_argument("--fast", action="store_true", help="tiny widths, CIFAR stem, 32x32 images (smoke test)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: OMP_NUM_THREADS; 1 --fast)")
+    parser.add_argument("--no-peaks", action="store_true",
+                        help="skip the within-operation peaks (each configuration then runs once, unprofiled)")
     parser.add_argument("--no-checks", action="store_true", help="skip the micro-batch and image-size scaling checks")
     parser.add_argument("--no-depth-study", action="store_true", help="skip memory against J")
     parser.add_argument("--no-table6", action="store_true", help="skip the CIFAR per-stage counterpart of Table 6")
@@ -324,7 +353,8 @@ def main(argv=None) -> dict:
         for downsampling in args.downsampling:
             model = build_model(model_config(preset, downsampling, args.fast))
             params = parameter_bytes(model)
-            results = measure_all(model, modes, args.batch, args.image_size, f"{preset} {downsampling}")
+            results = measure_all(model, modes, args.batch, args.image_size, f"{preset} {downsampling}",
+                                  peaks=not args.no_peaks)
             report["models"][f"{preset} {downsampling}"] = {
                 "layout": stage_layout(model.get_stages()),
                 "param_bytes": params,
@@ -339,7 +369,7 @@ def main(argv=None) -> dict:
         torch.manual_seed(0)
         model = RevViTForImageClassification(config).float()
         label = f"{preset.replace('-', '_')} patch{config.patch_size}"
-        results = measure_all(model, modes, args.batch, config.image_size, label)
+        results = measure_all(model, modes, args.batch, config.image_size, label, peaks=not args.no_peaks)
         report["models"][label] = {
             "layout": stage_layout(model.get_stages()), "param_bytes": parameter_bytes(model),
             "image_size": config.image_size, "summary": totals(results, parameter_bytes(model), scale),

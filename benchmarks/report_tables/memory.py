@@ -12,16 +12,22 @@ def model_title(label: str) -> list[str]:
 
 @renders("memory", "headline")
 def memory_headline(r, arg=None, without_stem=True):
+    models = r["models"].values()
+    peaks = all("peak_gb" in model["summary"].get("petra", {}) for model in models)
     rows = []
     for label, model in r["models"].items():
         delayed, petra = need(model["summary"], "delayed"), need(model["summary"], "petra")
         row = [*model_title(label), f"{delayed['total_gb']:.2f}", f"{petra['total_gb']:.2f}"]
         row.append(percent(petra["saving_vs_delayed"]))
+        if peaks:
+            row += [f"{delayed['peak_gb']:.2f}", f"{petra['peak_gb']:.2f}", percent(petra["peak_saving_vs_delayed"])]
         if without_stem:
             row.append(f"{delayed['total_without_stem_gb']:.2f} -> {petra['total_without_stem_gb']:.2f}")
             row.append(percent(petra["saving_vs_delayed_without_stem"]))
         rows.append(row)
     header = ["model", "downsampling", "delayed (GB)", "PETRA (GB)", "saving"]
+    if peaks:
+        header += ["delayed at its peak (GB)", "PETRA at its peak (GB)", "saving at the peak"]
     if without_stem:
         header += ["without the stem's image buffer: delayed -> PETRA", "saving"]
     return table(header, rows, "ll" + "r" * (len(header) - 2))
@@ -35,6 +41,7 @@ def memory_summary(r, arg=None):
 @renders("memory", "totals")
 def memory_totals(r, arg):
     model = need(r["models"], arg.replace("-", " "))
+    peaks = all("peak_gb" in s for s in model["summary"].values())
     rows = []
     for name, s in model["summary"].items():
         rows.append([
@@ -44,12 +51,16 @@ def memory_totals(r, arg):
             f"**{s['total_gb']:.2f}**", percent(s["saving_vs_delayed"]), f"{s['total_without_stem_gb']:.2f}",
             percent(s["saving_vs_delayed_without_stem"]),
         ])  # fmt: skip
+        if peaks:
+            rows[-1] += [f"**{s['peak_gb']:.2f}**", percent(s["peak_saving_vs_delayed"])]
     header = [
         "configuration", "input buffer", "weight stash", "activations (GB)", "of which stem (GB)",
         "messages waiting (GB)", "weight stash (GB)", "model (GB)", "model + buffers (GB)", "saving vs delayed",
         "model + buffers without the stem's buffer (GB)", "saving",
     ]  # fmt: skip
-    return table(header, rows, "lll" + "r" * 9)
+    if peaks:
+        header += ["at the peak within an operation (GB)", "saving at the peak"]
+    return table(header, rows, "lll" + "r" * (len(header) - 3))
 
 
 @renders("memory", "stages")

@@ -36,6 +36,23 @@ def test_fast_run_reports_buffers_per_configuration(memory_benchmark, report, tm
     assert summary["delayed"]["total_gb"] > summary["input_buffer"]["total_gb"] > summary["petra"]["total_gb"]
     assert summary["delayed"]["total_gb"] > summary["weight_stash"]["total_gb"] > summary["petra"]["total_gb"]
 
+    # Inside its operations a stage holds more than between them: at least what it keeps, plus its gradients, and at
+    # twice the micro-batch more again. A reversible stage of PETRA keeps no input, but its backward rebuilds one
+    # micro-batch's graph.
+    for name, result in modes.items():
+        for stage in result["stages"]:
+            kept = stage["activation_bytes"] + stage["stash_bytes"] + stage["message_bytes"] + stage["gradient_bytes"]
+            assert stage["peak_bytes"] >= kept, (name, stage)
+            assert stage["peak_bytes_double"] > stage["peak_bytes"], (name, stage)
+    petra = modes["petra"]["stages"]
+    reversible = next(s for s in petra if s["kind"] == "R")
+    assert reversible["peak_bytes"] > reversible["message_bytes"] + reversible["gradient_bytes"]
+    for name, s in summary.items():
+        assert s["peak_gb"] > s["total_gb"], name
+    assert summary["delayed"]["peak_gb"] > summary["petra"]["peak_gb"]
+    assert 0 < summary["petra"]["peak_saving_vs_delayed"] < summary["petra"]["saving_vs_delayed"]
+    assert "saving at the peak" in report.render("memory/headline", tmp_path)
+
     # Every reversible stage in the invertible model: PETRA keeps only the stem's images.
     invertible = results["models"]["revnet18 invertible"]["modes"]["petra"]["stages"]
     assert all(s["activation_bytes"] == 0 for s in invertible[1:])
