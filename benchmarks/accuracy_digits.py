@@ -92,6 +92,7 @@ REMEDIES = {
     "none": [],
     "predict": ["--petra_weight_prediction", "1"],
     "predict-half": ["--petra_weight_prediction", "0.5"],
+    "delay-momentum": ["--petra_delay_momentum", "true"],
     "delay-warmup": ["--petra_delay_lr_warmup", "0.25"],
     # a synchronous start of one or two epochs of the digits at micro-batch 32 and k = 1 (45 steps an epoch)
     "sync45": ["--petra_synchronous_steps", "45"],

@@ -128,3 +128,31 @@ def test_an_endless_delay_warmup_divides_each_stages_learning_rate_by_its_delay_
     for index, values in rates.items():
         tau = max(1.0, 2 * (5 - 1 - index))  # k = 1: 8, 6, 4, 2, 1 updates in flight
         assert values == [pytest.approx(0.1 / tau, rel=1e-12)] * 30, index
+
+
+def test_delay_matched_momentum_reaches_every_stage_and_resumes_exactly(tmp_path):
+    """petra_delay_momentum: each stage's optimizer trains with the momentum matched to its delay (the optimizer's
+    own at the last stage), a run resumed from its checkpoint ends with the uninterrupted run's weights, and the card
+    says so."""
+    from petra_hub.engine.momentum import matched_momentum
+
+    options = dict(max_steps=6, save_strategy="steps", save_steps=3, petra_delay_momentum=True)
+    full = make_trainer(tmp_path / "full", **options)
+    full.train()
+    workers = full.pipeline.workers
+    J, k = len(workers), full.args.gradient_accumulation_steps
+    assert full.args.optim_args == "momentum=0.9,nesterov=True"
+    for j, worker in workers.items():
+        matched = matched_momentum(0.9, 2 * (J - 1 - j) / k)
+        assert {group["momentum"] for group in worker.optimizer.param_groups} == {matched}
+    assert workers[0].optimizer.param_groups[0]["momentum"] == 0 and workers[J - 1].optimizer.param_groups[0][
+        "momentum"] == 0.9
+    expected = _weights(full.model)
+    resumed = make_trainer(tmp_path / "resumed", init_seed=123, **options)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-3"))
+    got = _weights(resumed.model)
+    assert all(torch.equal(got[name], expected[name]) for name in expected)
+    full.save_model(str(tmp_path / "saved"))
+    from huggingface_hub import ModelCard
+
+    assert r"Delay-matched momentum \(petra\_delay\_momentum\)" in ModelCard.load(tmp_path / "saved" / "README.md").text

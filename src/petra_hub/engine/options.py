@@ -118,20 +118,25 @@ class Remedies:
     synchronous_updates: the first N updates of every stage run without delay, in `reversible_backprop` (PETRA's
         memory, exact gradients); the pipeline then drains and goes on in `petra` with the same weights and optimizer
         states. Early training, when the weights move fastest, is where stale gradients hurt most. PETRA only; 0: off.
+    delay_momentum: True lowers each stage's optimizer momentum so that its lag plus the stage's delay is the lag
+        of the optimizer's own momentum (see `momentum`); pipelined modes only, the optimizer's own elsewhere.
     """
 
     weight_prediction: float = 0.0
     synchronous_updates: int = 0
+    delay_momentum: bool = False
 
     def __post_init__(self):
         if not _is_number(self.weight_prediction) or not self.weight_prediction >= 0:
             raise OptionError("weight_prediction", ">= 0 (0: off)", self.weight_prediction)
         if not _is_whole(self.synchronous_updates) or self.synchronous_updates < 0:
             raise OptionError("synchronous_updates", "a whole number >= 0 (0: off)", self.synchronous_updates)
+        if not isinstance(self.delay_momentum, bool):
+            raise OptionError("delay_momentum", "True or False", self.delay_momentum)
 
     @property
     def active(self) -> bool:
-        return self.weight_prediction > 0 or self.synchronous_updates > 0
+        return self.weight_prediction > 0 or self.synchronous_updates > 0 or self.delay_momentum
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,9 @@ from .errors import PipelineError
 from .fidelity import StageProbe
 from .accounting import MemoryStats, StageCounters, memory_of, nbytes, recording_saved_tensors, relative_error
 from .modes import Mode
+from .momentum import DelayMatchedMomentum
 from .optim import check_state_shapes, gradient_norm
-from .options import Diagnostics, Remedies
+from .options import Diagnostics, OptionError, Remedies
 from .pending import Pending, stashed_weights
 from .prediction import WeightPredictor
 from .precision import LOW_PRECISION, LossScale, Precision
@@ -109,6 +110,14 @@ class StageWorker:
         self.units = units(stage) if self.reconstructs else [stage]
         self.counters = StageCounters()
         self.predictor = self._predictor(remedies)
+        self.momentum = None
+        if remedies.delay_momentum and self.optimizer is not None:
+            if getattr(self.scheduler, "cycle_momentum", False):
+                raise OptionError("delay_momentum", f"used with a schedule that leaves the momentum alone, but stage "
+                                  f"{index}'s {type(self.scheduler).__name__} cycles the momentum", True)
+            delay = 2 * (num_stages - 1 - index) / self.accumulation_steps
+            self.momentum = DelayMatchedMomentum(self.optimizer, delay, f"stage {index}")
+            self.momentum.apply(mode.pipelined)
         self.group: list[int] = []  # micro-batches whose gradients are accumulated and not yet applied
         self._pending: dict[int, Pending] = {}
         self.probes: dict[int, StageProbe] = {}  # probed micro-batches (see `fidelity`)
@@ -133,6 +142,8 @@ class StageWorker:
                                 "differ in more than their schedule")
         self.mode = mode
         self.predictor = self._predictor(remedies)
+        if self.momentum is not None:
+            self.momentum.apply(mode.pipelined)
 
     # -- the two halves of a tick ---------------------------------------------------------------------------------
     @timed
@@ -322,6 +333,8 @@ class StageWorker:
                     part.load_state_dict(state[name], self.params, f"stage {self.index}")
                 else:
                     part.load_state_dict(state[name])
+        if self.momentum is not None:  # a saved optimizer brings its own momentum: the mode running decides it
+            self.momentum.apply(self.mode.pipelined)
         check_state_shapes(self.optimizer, f"stage {self.index}")
 
     def _stateful(self) -> dict:

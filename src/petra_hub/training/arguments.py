@@ -28,6 +28,7 @@ ENGINE_FIELDS = {
     "data_parallel_size": "petra_data_parallel",
     "weight_prediction": "petra_weight_prediction",
     "synchronous_updates": "petra_synchronous_steps",
+    "delay_momentum": "petra_delay_momentum",
     "memory_budget": "petra_memory_budget",
     "check_reconstruction_every": ("petra_check_reconstruction_every", "a whole number >= 0 (0: off)"),
 }
@@ -139,6 +140,12 @@ class PetraTrainingArguments(TrainingArguments):
                           "PETRA's memory, exact gradients), then the pipeline drains and trains on in petra mode "
                           "with the same weights and optimizer states (0: off)."},
     )
+    petra_delay_momentum: bool = field(
+        default=False,
+        metadata={"help": "Delay-matched momentum: each stage's optimizer momentum (SGD's momentum, Adam's beta1) is "
+                          "lowered so that its lag plus the stage's delay in updates is the optimizer's own lag, "
+                          "beta / (1 - beta); stages whose delay alone is longer get none (pipelined modes)."},
+    )
     petra_delay_lr_warmup: float = field(
         default=0.0,
         metadata={"help": "Delay-aware warm-up (PipeMare): each stage starts at lr / tau, tau = its delay in "
@@ -204,9 +211,9 @@ class PetraTrainingArguments(TrainingArguments):
 
     def remedies(self) -> Remedies:
         """The remedies for the gradients' delay the engine applies (petra_weight_prediction,
-        petra_synchronous_steps)."""
+        petra_synchronous_steps, petra_delay_momentum)."""
         return Remedies(weight_prediction=self.petra_weight_prediction,
-                        synchronous_updates=self.petra_synchronous_steps)
+                        synchronous_updates=self.petra_synchronous_steps, delay_momentum=self.petra_delay_momentum)
 
     def memory(self, training: bool = True) -> MemoryOptions:
         """The stages that keep their graph: those that fit petra_memory_budget (training only)."""

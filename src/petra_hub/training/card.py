@@ -233,6 +233,9 @@ def summarize_trainer(trainer, output_dir: str, **card_kwargs) -> TrainingSummar
     if args.petra_synchronous_steps:
         extra["Synchronous start (petra_synchronous_steps)"] = (
             f"the first {args.petra_synchronous_steps} steps without delay (reversible_backprop), then petra")
+    if args.petra_delay_momentum:
+        extra["Delay-matched momentum (petra_delay_momentum)"] = (
+            "each stage's momentum lowered so that its lag plus the stage's delay is the optimizer's own lag")
     if args.petra_memory_budget:
         extra["Memory budget per process (petra_memory_budget)"] = (
             f"{args.petra_memory_budget}: stages keep their forward graphs where they fit")

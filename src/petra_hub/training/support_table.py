@@ -348,6 +348,9 @@ TRAINING_ARGUMENT_SUPPORT: dict[str, FieldSupport] = {
     "petra_synchronous_steps": _honoured(
         "the first N optimizer steps run without delay (reversible_backprop), then petra with the same states (0: off)"
     ),
+    "petra_delay_momentum": _honoured(
+        "each stage's momentum lowered so that its lag plus the stage's delay is the optimizer's own lag (pipelined)"
+    ),
     "petra_delay_lr_warmup": _honoured(
         "each stage starts at lr / (its delay in updates) and reaches lr after this many steps (or fraction; 0: off)"
     ),
