@@ -1,6 +1,6 @@
 """Memory held by PETRA and its baselines, measured from live buffers (the paper's Tables 3 and 6).
 
-    OMP_NUM_THREADS=2 python benchmarks/memory.py                 # about 5 min: benchmarks/results/memory.json
+    OMP_NUM_THREADS=2 python benchmarks/memory.py                 # about 15 min: benchmarks/results/memory.json
     python benchmarks/memory.py --fast --models revnet18          # seconds, tiny widths: memory-quick.json
     python benchmarks/memory.py --models --revvit revvit-small --modes delayed petra backprop \
         --out benchmarks/results/memory_revvit.json               # RevViT-S at 224, J = 14 (about 2 min)
