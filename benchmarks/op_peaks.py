@@ -84,17 +84,20 @@ class OperationPeaks:
             path = Path(folder) / "trace.json"
             self._profile.export_chrome_trace(str(path))
             events = json.loads(path.read_text())["traceEvents"]
-        memory = sorted((e["ts"], e["args"]["Total Allocated"]) for e in events
+        # (time, the allocator's total after the event, the event's bytes: negative for a free). The total counts
+        # every tensor allocated while any profiler recorded memory in this process, so the level an operation
+        # starts from is read off its own first event (total less bytes), not assumed to be zero.
+        memory = sorted((e["ts"], e["args"]["Total Allocated"], e["args"]["Bytes"]) for e in events
                         if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0)
-        times = [ts for ts, _ in memory]
+        times = [ts for ts, _, _ in memory]
         for event in events:
             name = event.get("name", "")
             if event.get("ph") != "X" or not name.startswith(LABEL + "/"):
                 continue
             op = self.operations[int(name.rpartition("/")[2])]
             start, end = event["ts"], event["ts"] + event["dur"]
-            first = bisect_left(times, start)
-            before = memory[first - 1][1] if first else 0
-            inside = [total for _, total in memory[first:bisect_right(times, end)]]
-            op.rise_bytes = max(0, max(inside, default=before) - before)
+            inside = memory[bisect_left(times, start):bisect_right(times, end)]
+            if inside:
+                _, total, size = inside[0]
+                op.rise_bytes = max(0, max(total for _, total, _ in inside) - (total - size))
 
