@@ -140,7 +140,7 @@ def _two_process_run(rank, world_size):
     model = small_model("revnet18", dtype=torch.float32, seed=3)
     pipeline = Pipeline(model.get_stages(), F.cross_entropy, optimizer_factory=sgd(), timeout=60,
                         remedies=Remedies(delay_momentum=True))
-    for images, labels in batches_for(model.config, 16, torch.float32):
+    for images, labels in batches_for(model.config, 12, torch.float32):
         pipeline.step(images, labels)
     pipeline.drain()
     pipeline.gather_stages(dst=0)

@@ -136,7 +136,7 @@ def test_delay_matched_momentum_reaches_every_stage_and_resumes_exactly(tmp_path
     says so."""
     from petra_hub.engine.momentum import matched_momentum
 
-    options = dict(max_steps=6, save_strategy="steps", save_steps=3, petra_delay_momentum=True)
+    options = dict(max_steps=4, save_strategy="steps", save_steps=2, petra_delay_momentum=True)
     full = make_trainer(tmp_path / "full", **options)
     full.train()
     workers = full.pipeline.workers
@@ -149,7 +149,7 @@ def test_delay_matched_momentum_reaches_every_stage_and_resumes_exactly(tmp_path
         "momentum"] == 0.9
     expected = _weights(full.model)
     resumed = make_trainer(tmp_path / "resumed", init_seed=123, **options)
-    resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-3"))
+    resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-2"))
     got = _weights(resumed.model)
     assert all(torch.equal(got[name], expected[name]) for name in expected)
     full.save_model(str(tmp_path / "saved"))
