@@ -5,6 +5,8 @@
     python benchmarks/depth_sweep.py --model revvit-tiny --stages 4 8 14 --configs backprop petra-k1 \\
         petra-k1+layerscale petra-k1+sync90 --seeds 0 1 2 --epochs 30
     python benchmarks/depth_sweep.py --quick     # J = 4 and 10, 1 seed, 1 epoch: depth_sweep-quick.json
+    python benchmarks/depth_sweep.py --model revnet34 --stages 4 10 18 --configs backprop petra-k1+delay-momentum \
+        --plot PNG --plot-with benchmarks/results/depth_sweep_revnet34.json   # one more line in an earlier picture
 
 Each J is one `benchmarks/accuracy_digits.py` run (`--num-stages J`: the model's stages merged into J pipeline
 stages, so J is at most the model's own count: 10 for RevNet18, 14 for RevViT-Ti); every configuration is paired
@@ -16,6 +18,7 @@ kept for checking what was tuned on the others.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -43,6 +46,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "draws the stages' mean cosine to the end-to-end gradient beside the gap")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once, each in its own process (default 1)")
     parser.add_argument("--plot", type=Path, default=None, help="also draw the gap against J into this PNG")
+    parser.add_argument("--plot-with", type=Path, nargs="+", default=[], metavar="JSON",
+                        help="earlier sweeps of the same model, seeds and epochs, drawn in the same picture (a "
+                             "configuration measured again here is drawn from this run)")
     parser.add_argument("--quick", action="store_true", help="J = 4 and 10, 1 seed, 1 epoch: a smoke test")
     add_out_argument(parser, "depth_sweep")
     args = parser.parse_args(argv)
@@ -101,13 +107,28 @@ def plot(rows: list[dict], path: Path, title: str, baseline: str = "backprop") -
     figure.savefig(path, dpi=120)
 
 
+def earlier_rows(paths: list[Path], settings: dict, configs: list[str]) -> list[dict]:
+    """The rows of earlier sweeps to draw beside this one's: same model, baseline, seeds and epochs (else a
+    ValueError naming the file), leaving out the configurations this run measured."""
+    rows = []
+    for path in paths:
+        earlier = json.loads(path.read_text())
+        for key in ("model", "baseline", "seeds", "epochs"):
+            if earlier["settings"][key] != settings[key]:
+                raise ValueError(f"{path}: swept with {key} = {earlier['settings'][key]!r}, this run with "
+                                 f"{settings[key]!r}: their gaps do not share a picture")
+        rows += [row for row in earlier["rows"] if row["config"] not in configs]
+    return rows
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    rows = sweep_rows(args.model, args.stages, args.configs, args.seeds, args.epochs, args.jobs, args.fidelity_every)
-    if args.plot is not None:
-        plot(rows, args.plot, f"{args.model} on digits: the gap against depth", args.configs[0])
     settings = {"model": args.model, "stages": args.stages, "configs": args.configs, "baseline": args.configs[0],
                 "seeds": args.seeds, "epochs": args.epochs, "fidelity_every": args.fidelity_every}
+    drawn_with = earlier_rows(args.plot_with, settings, args.configs)  # refused before any run
+    rows = sweep_rows(args.model, args.stages, args.configs, args.seeds, args.epochs, args.jobs, args.fidelity_every)
+    if args.plot is not None:
+        plot(drawn_with + rows, args.plot, f"{args.model} on digits: the gap against depth", args.configs[0])
     return write_results(results_path(args.out, "depth_sweep", args.quick), "depth_sweep", "depth_sweep.py", argv,
                          settings, rows=rows)
 
