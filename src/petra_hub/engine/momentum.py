@@ -39,9 +39,13 @@ def matched_momentum(beta: float, delay: float) -> float:
 class DelayMatchedMomentum:
     """Sets one stage's optimizer's momentum for the mode it runs in: `beta_j` of its delay when pipelined, the
     optimizer's own otherwise (as the optimizer was built). Every parameter group must have a momentum: a
-    `momentum` (SGD, RMSprop) or `betas` (Adam and its kin)."""
+    `momentum` (SGD, RMSprop) or `betas` (Adam and its kin); the stage's LR `scheduler` (or None) must leave it
+    alone."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, delay: float, where: str):
+    def __init__(self, optimizer: torch.optim.Optimizer, scheduler, delay: float, where: str):
+        if getattr(scheduler, "cycle_momentum", False):
+            raise OptionError("delay_momentum", f"used with a schedule that leaves the momentum alone, but {where}'s "
+                              f"{type(scheduler).__name__} cycles the momentum", True)
         self.optimizer, self.delay = optimizer, delay
         self.own: list[tuple[str, float]] = []
         for group in optimizer.param_groups:

@@ -17,9 +17,10 @@ from .accounting import MemoryStats, StageCounters, memory_of, nbytes, recording
 from .modes import Mode
 from .momentum import DelayMatchedMomentum
 from .optim import check_state_shapes, gradient_norm
-from .options import Diagnostics, OptionError, Remedies
+from .options import Diagnostics, Remedies
 from .pending import Pending, stashed_weights
 from .prediction import WeightPredictor
+from .schedule import Schedule
 from .precision import LOW_PRECISION, LossScale, Precision
 from .randomness import capture, drawn_since, reconstruct_replaying, replaying, units
 from .snapshot import loaded_counters, loaded_pending, saved_counters, saved_pending, saved_tensor
@@ -112,11 +113,8 @@ class StageWorker:
         self.predictor = self._predictor(remedies)
         self.momentum = None
         if remedies.delay_momentum and self.optimizer is not None:
-            if getattr(self.scheduler, "cycle_momentum", False):
-                raise OptionError("delay_momentum", f"used with a schedule that leaves the momentum alone, but stage "
-                                  f"{index}'s {type(self.scheduler).__name__} cycles the momentum", True)
-            delay = 2 * (num_stages - 1 - index) / self.accumulation_steps
-            self.momentum = DelayMatchedMomentum(self.optimizer, delay, f"stage {index}")
+            delay = Schedule(num_stages, pipelined=True).in_flight(index) / self.accumulation_steps
+            self.momentum = DelayMatchedMomentum(self.optimizer, self.scheduler, delay, f"stage {index}")
             self.momentum.apply(mode.pipelined)
         self.group: list[int] = []  # micro-batches whose gradients are accumulated and not yet applied
         self._pending: dict[int, Pending] = {}

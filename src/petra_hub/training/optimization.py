@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from transformers import Trainer, get_scheduler
 
-from ..engine import Mode
+from ..engine import Mode, Schedule
 from ..engine.optim import weight_decay_groups
 from .arguments import PetraTrainingArguments
 
@@ -124,6 +124,6 @@ def delay_warmup(index: int, num_stages: int, args: PetraTrainingArguments, max_
     `petra_delay_lr_warmup` steps, or that fraction of the run if below 1)."""
     length = args.petra_delay_lr_warmup
     length = length * max_steps if length < 1 else length
-    pipelined = Mode.parse(args.petra_mode).pipelined
-    tau = max(1.0, 2 * (num_stages - 1 - index) / args.gradient_accumulation_steps) if pipelined else 1.0
+    in_flight = Schedule(num_stages, Mode.parse(args.petra_mode).pipelined).in_flight(index)  # 0 when synchronous
+    tau = max(1.0, in_flight / args.gradient_accumulation_steps)
     return lambda step: tau ** -max(0.0, 1.0 - step / max(1.0, length))
