@@ -153,6 +153,6 @@ def test_delay_matched_momentum_reaches_every_stage_and_resumes_exactly(tmp_path
     got = _weights(resumed.model)
     assert all(torch.equal(got[name], expected[name]) for name in expected)
     full.save_model(str(tmp_path / "saved"))
-    from huggingface_hub import ModelCard
+    from tests.training.test_card import load_card
 
-    assert r"Delay-matched momentum \(petra\_delay\_momentum\)" in ModelCard.load(tmp_path / "saved" / "README.md").text
+    assert r"Delay-matched momentum \(petra\_delay\_momentum\)" in load_card(tmp_path / "saved").text
