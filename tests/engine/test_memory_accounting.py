@@ -2,6 +2,9 @@
 for, and what one process holds (`process_memory`, each storage once) agrees with glibc's own count of the bytes
 it has handed out (`malloc_in_use`), in one process and in each of two."""
 
+import types
+import weakref
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -128,3 +131,45 @@ def test_the_peak_from_running_totals_is_the_largest_exact_count_after_any_opera
     pipeline.drain()
     peaks = {index: stats.peak_bytes for index, stats in pipeline.memory().items()}
     assert peaks == exact and min(peaks.values()) > 0
+
+
+class _Released(torch.autograd.Function):
+    """The identity, whose backward records in `released` whether `probe.saved` (a weak reference) is dead."""
+
+    @staticmethod
+    def forward(ctx, x, probe):
+        ctx.probe = probe
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.probe.released.append(ctx.probe.saved() is None)
+        return grad, None
+
+
+class _SavesLate(torch.nn.Module):
+    """x -> sin(x * w'), w' = _Released(w): `h = x * w'` is saved by sin's node, which runs first in the backward;
+    `_Released`'s node runs last and looks whether `h` is gone by then."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.full((8,), 0.5))
+        self.released = []
+
+    def forward(self, x):
+        probe = types.SimpleNamespace(released=self.released)  # one per forward: several may be in flight
+        h = x * _Released.apply(self.weight, probe)
+        probe.saved = weakref.ref(h)
+        return torch.sin(h)
+
+
+@pytest.mark.parametrize("mode, options", [("backprop", {}), ("petra", {"memory": MemoryOptions(keep_graphs=[0])})])
+def test_a_kept_graph_frees_what_it_saved_as_its_backward_goes(mode, options):
+    """What a kept graph saved is freed node by node, as autograd frees it in a plain loop, not held to the end of
+    the stage's backward: the accounting's record of it must not keep it alive."""
+    stage = _SavesLate()
+    pipeline = Pipeline([stage, torch.nn.Linear(8, 2)], F.cross_entropy, mode=mode, **options)
+    for _ in range(3):
+        pipeline.step(torch.randn(4, 8), torch.randint(0, 2, (4,)))
+    pipeline.drain()
+    assert stage.released == [True, True, True]

@@ -213,6 +213,8 @@ class StageWorker:
                 self.counters.reconstruction_error = relative_error(inputs, pending.reference)
                 self.counters.reconstruction_checks += 1
         elif self.keeps_graph:
+            # the graph holds what it saved until each node has run; a list of it here would keep all of it to the end
+            pending.saved = []
             backpropagate(pending.outputs, grad_outputs)
             for param, copy in zip(self.params, pending.weights or ()):  # the graph's weights were a copy
                 if copy.grad is not None:
