@@ -9,13 +9,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from petra_hub.engine import MemoryOptions, Mode, Pipeline
+from petra_hub.engine import MemoryOptions, Mode, Pipeline, Remedies
 from petra_hub.engine.accounting import memory_of
 from petra_hub.engine.batchnorm import frozen_running_stats
 from petra_hub.engine.tensors import as_tuple
 from petra_hub.testing.malloc import malloc_available, steady_state_growth
 from petra_hub.testing.models import RECIPE_WIDTH, doubling_widths, small_model
 from petra_hub.testing.ranks import run_ranks
+from tests.engine.test_fidelity import sgd
 
 needs_glibc = pytest.mark.skipif(not malloc_available(), reason="needs glibc's mallinfo2")
 
@@ -114,7 +115,9 @@ def test_each_of_two_processes_holds_what_malloc_says_within_10_percent(tmp_path
 
 @pytest.mark.parametrize("mode, options", [("petra", {}), ("delayed", {"accumulation_steps": 2}),
                                            ("petra", {"memory": MemoryOptions(keep_graphs=[0, 2])}),
-                                           ("backprop", {})])
+                                           ("backprop", {}),
+                                           ("petra", {"remedies": Remedies(weight_prediction=0.5),
+                                                      "optimizer_factory": sgd})])
 def test_the_peak_from_running_totals_is_the_largest_exact_count_after_any_operation(mode, options):
     model = small_model("revnet18", dtype=torch.float32)
     pipeline = Pipeline(model.get_stages(), F.cross_entropy, mode=mode, **options)
@@ -173,3 +176,18 @@ def test_a_kept_graph_frees_what_it_saved_as_its_backward_goes(mode, options):
         pipeline.step(torch.randn(4, 8), torch.randint(0, 2, (4,)))
     pipeline.drain()
     assert stage.released == [True, True, True]
+
+
+def test_weight_prediction_holds_one_copy_of_each_stage_s_weights_counted_as_remedy_bytes():
+    model = small_model("revnet18", dtype=torch.float32)
+    stages = model.get_stages()
+    pipeline = Pipeline(stages, F.cross_entropy, mode="petra", optimizer_factory=sgd,
+                        remedies=Remedies(weight_prediction=0.5))
+    pipeline.step(*batch(model.config, 4, 0, image_size=8))
+    assert all(stats.remedy_bytes == 0 for stats in pipeline.memory().values())  # no update yet: nothing to extrapolate
+    for step in range(1, 3 * len(stages)):
+        pipeline.step(*batch(model.config, 4, step, image_size=8))
+    weights = [sum(p.numel() * p.element_size() for p in stage.parameters() if p.requires_grad) for stage in stages]
+    remedy = [stats.remedy_bytes for stats in pipeline.memory().values()]
+    assert remedy == weights[:-1] + [0]  # the last stage has no delay to extrapolate over
+    assert pipeline.process_memory().remedy_bytes == sum(weights[:-1])

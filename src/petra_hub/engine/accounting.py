@@ -25,11 +25,12 @@ class MemoryStats:
     stash_bytes: int = 0  # weight copies kept for the backward of in-flight micro-batches
     gradient_bytes: int = 0  # gradient accumulators (.grad) of the stage's parameters
     message_bytes: int = 0  # messages delivered to the stage and waiting for its next tick
+    remedy_bytes: int = 0  # state a delay remedy keeps: weight prediction's last update (a copy of the weights)
     peak_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
-        return self.activation_bytes + self.stash_bytes + self.gradient_bytes + self.message_bytes
+        return self.activation_bytes + self.stash_bytes + self.gradient_bytes + self.message_bytes + self.remedy_bytes
 
 
 @dataclass
@@ -83,8 +84,8 @@ def recording_saved_tensors(exclude: Iterable[torch.Tensor] = ()) -> Iterator[li
 
 
 def memory_of(held: dict[str, list[torch.Tensor]], seen: set | None = None) -> MemoryStats:
-    """`MemoryStats` of tensors by kind ("activation", "stash", "gradient", "message"), each storage counted once
-    (in the first kind that holds it); `seen` carries the storages already counted across calls."""
+    """`MemoryStats` of tensors by kind ("activation", "stash", "gradient", "message", "remedy"), each storage counted
+    once (in the first kind that holds it); `seen` carries the storages already counted across calls."""
     seen = set() if seen is None else seen
     return MemoryStats(**{f"{kind}_bytes": nbytes(tensors, seen=seen) for kind, tensors in held.items()})
 

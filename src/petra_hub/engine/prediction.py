@@ -42,6 +42,10 @@ class WeightPredictor:
             return None
         return [p.detach() + self.h * updates_ahead * d for p, d in zip(params, self.delta)]
 
+    def held(self) -> list[torch.Tensor]:
+        """What the predictor keeps between updates: `delta`, once there has been an update."""
+        return list(self.delta or ())
+
     def before_update(self, params: list[nn.Parameter]) -> None:
         if self.active:
             self._before = [p.detach().clone() for p in params]

@@ -393,6 +393,7 @@ class StageWorker:
             "stash": [w for p in self._pending.values() if p.weights is not None for w in p.weights],
             "message": self.waiting_messages(),
             "gradient": self._grads(),
+            "remedy": self.predictor.held(),
         }
 
     def memory(self) -> MemoryStats:
@@ -481,7 +482,7 @@ class StageWorker:
         """The peak after an operation, from running totals: each micro-batch's record counted once when it is made,
         the gradients once per group (they accumulate in place), and the few messages waiting. Recounting every
         tensor held, as `memory()` does, would cost more than a small stage's operations."""
-        waiting = nbytes(self.waiting_messages())
+        waiting = nbytes(self.waiting_messages()) + nbytes(self.predictor.held())
         self._peak = max(self._peak, self._pending_bytes + self._grad_bytes + waiting)
 
 
