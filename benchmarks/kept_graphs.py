@@ -12,14 +12,18 @@ with the graphs that fit a memory budget halfway between that and every graph ke
 the graphs of the stages that store their input (`keep_graphs`: stem and downsampling blocks), and PETRA keeping
 every stage's graph (the reversible ones then skip their reconstruction). Memory: the activation and weight-copy
 bytes the stages hold between ticks (`Pipeline.memory()`), the largest seen, and the largest total the stages held
-after any of their operations within a tick (`peak_bytes`, gradients and waiting messages included).
-Discussion: docs/benchmarks-throughput.md.
+after any of their operations within a tick (`peak_bytes`, gradients and waiting messages included). Beside each
+time, the process's minor page faults per micro-batch: with glibc's adaptive thresholds a loop whose freed memory
+goes back to the kernel pays to fault it in again, which depends on the order of its allocations and frees.
+`--tuned-malloc` runs it all again in a fresh process with fixed thresholds (`STABLE_MALLOC_ENV`), where nothing
+goes back: the difference between the two runs is the allocator's share. Discussion: docs/benchmarks-throughput.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import sys
 import time
@@ -29,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from _launch import SINGLE_THREAD_ENV  # noqa: E402 (imports no torch)
+from _launch import SINGLE_THREAD_ENV, STABLE_MALLOC_ENV, launch  # noqa: E402 (imports no torch)
 
 os.environ.update(SINGLE_THREAD_ENV)
 
@@ -53,7 +57,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--width", type=int, default=None, help=f"widths w..8w (default {RECIPE_WIDTH}; quick: "
                                                                  f"{QUICK_WIDTH})")
     parser.add_argument("--quick", action="store_true")
-    add_out_argument(parser, "kept_graphs")
+    parser.add_argument("--tuned-malloc", action="store_true",
+                        help="run in a fresh process with glibc's malloc thresholds fixed (benchmarks/_launch.py)")
+    add_out_argument(parser, "kept_graphs[_tuned_malloc]")
     args = parser.parse_args(argv)
     args.repeats = args.repeats or (2 if args.quick else 7)
     args.micro_batches = args.micro_batches or (6 if args.quick else 60)
@@ -94,6 +100,24 @@ def peak_bytes(pipeline) -> int:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.tuned_malloc:
+        (measured,) = launch(_measure_job, 1, args, env=STABLE_MALLOC_ENV)
+    else:
+        measured = measure(args)
+    name = "kept_graphs_tuned_malloc" if args.tuned_malloc else "kept_graphs"
+    return write_results(results_path(args.out, name, args.quick), "kept_graphs", "kept_graphs.py", argv,
+                         {key: value for key, value in vars(args).items() if key != "out"}, **measured)
+
+
+def _measure_job(rank, world_size, args) -> dict:
+    return measure(args)
+
+
+def minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def measure(args) -> dict:
     torch.manual_seed(0)
     config = revnet_config("revnet18", width=args.width, num_labels=10)
     batches = random_batches(4, args.batch, 32)
@@ -123,16 +147,20 @@ def main(argv=None) -> dict:
              f"{budget} bytes keeps {sorted(engines['petra_budget'].kept_graphs)}")
 
     times = {name: [] for name in METHODS}
+    faults = {name: [] for name in METHODS}
     peaks = dict.fromkeys(METHODS, 0)
     for repeat in range(args.repeats):
         for name in METHODS:
-            elapsed = 0.0
+            elapsed, faulted = 0.0, 0
             for index in range(args.micro_batches):
+                before = minor_faults()
                 start = time.perf_counter()
                 engines[name].step(*batches[index % len(batches)])
                 elapsed += time.perf_counter() - start
+                faulted += minor_faults() - before
                 peaks[name] = max(peaks[name], held_bytes(engines[name]))  # untimed: costlier with kept graphs
             times[name].append(elapsed / args.micro_batches)
+            faults[name].append(faulted / args.micro_batches)
         progress(f"repetition {repeat + 1}/{args.repeats} (ms per micro-batch): "
                  + ", ".join(f"{name} {1e3 * values[-1]:.1f}" for name, values in times.items()))
     for name in METHODS:
@@ -143,15 +171,15 @@ def main(argv=None) -> dict:
     within = {name: peak_bytes(engines[name]) for name in METHODS}
     for name in METHODS:
         progress(f"{name:14s} {1e3 * medians[name]:7.2f} ms per micro-batch ({paired['plain'][name]:.3f}x plain, "
-                 f"{paired['backprop'][name]:.3f}x backprop mode), holds {peaks[name] / 2**20:.2f} MiB between "
-                 f"ticks, {within[name] / 2**20:.2f} MiB at its peak")
-    return write_results(
-        results_path(args.out, "kept_graphs", args.quick), "kept_graphs", "kept_graphs.py", argv,
-        {key: value for key, value in vars(args).items() if key != "out"},
+                 f"{paired['backprop'][name]:.3f}x backprop mode, {statistics.median(faults[name]):.0f} minor faults), "
+                 f"holds {peaks[name] / 2**20:.2f} MiB between ticks, {within[name] / 2**20:.2f} MiB at its peak")
+    return dict(
+        malloc="fixed thresholds (STABLE_MALLOC_ENV)" if args.tuned_malloc else "glibc's default",
         layout="".join("R" if getattr(s, "reversible", False) else "B" for s in stages),
         recomputing=candidates, budget_bytes=budget,
         kept={name: sorted(getattr(engines[name], "kept_graphs", ())) for name in METHODS},
         times=times, median_s=medians, ratio_to_plain=paired["plain"], ratio_to_backprop=paired["backprop"],
+        minor_faults=faults, median_minor_faults={name: statistics.median(v) for name, v in faults.items()},
         held_bytes=peaks, peak_bytes=within, load=load_average(),
     )
 

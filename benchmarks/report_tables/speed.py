@@ -1,6 +1,6 @@
 """Tables of the one-process speed studies: benchmarks/overhead.py (PETRA against plain backprop, operator by
-operator), messages.py (message dtypes), kept_graphs.py (graphs kept instead of recomputed) and affinity.py
-(ranks bound to cores)."""
+operator), messages.py (message dtypes), kept_graphs.py (graphs kept instead of recomputed), remedy_costs.py (the
+delay remedies' time and memory) and affinity.py (ranks bound to cores)."""
 
 from __future__ import annotations
 
@@ -59,13 +59,36 @@ def kept_graphs_main(r, arg=None):
     def memory(name, key):  # the plain loops are not a pipeline: nothing is counted for them
         return "-" if name.startswith("plain") else mib(r[key][name])
 
+    faults = r.get("median_minor_faults")  # runs before the page faults were counted have none
+
     rows = [[KEPT_GRAPH_LABELS[name], ", ".join(map(str, r["kept"][name])) or "-",
              f"{1e3 * r['median_s'][name]:.2f}", f"{r['ratio_to_plain'][name]:.3f}x",
-             f"{r['ratio_to_backprop'][name]:.3f}x", memory(name, "held_bytes"), memory(name, "peak_bytes")]
+             f"{r['ratio_to_backprop'][name]:.3f}x", *([f"{faults[name]:.0f}"] if faults else []),
+             memory(name, "held_bytes"), memory(name, "peak_bytes")]
             for name in KEPT_GRAPH_LABELS if name in r["kept"]]
     return table(["method", "stages keeping their graph", "ms per micro-batch (median)",
                   "time / plain loop (median of paired windows)", "time / `backprop` mode",
-                  "held between ticks (MiB)", "held after an operation, at most (MiB)"], rows, "llrrrrr")
+                  *(["minor page faults per micro-batch (median)"] if faults else []),
+                  "held between ticks (MiB)", "held after an operation, at most (MiB)"],
+                 rows, "llrrr" + ("r" if faults else "") + "rr")
+
+
+REMEDY_LABELS = {"petra": "PETRA, k = 1 over 32 (the reference)",
+                 "predict-half": "weight prediction over half the delay (`petra_weight_prediction 0.5`)",
+                 "delay-momentum": "delay-matched momentum (`petra_delay_momentum`)",
+                 "predict-half+delay-momentum": "both",
+                 "k4-over-8": "k = 4 over micro-batches of 8 (accumulation at equal updates)"}
+
+
+@renders("remedy_costs", "main")
+def remedy_costs_main(r, arg=None):
+    rows = [[REMEDY_LABELS[name], f"{1e3 * r['median_s'][name]:.2f}", f"{r['ratio_to_petra'][name]:.3f}x",
+             mib(r["held"][name]["total_bytes"]), mib(r["held"][name]["remedy_bytes"]),
+             mib(r["peak_within_bytes"][name])]
+            for name in REMEDY_LABELS if name in need(r, "median_s")]
+    return table(["setting", f"ms per update of {r['settings']['samples_per_update']} samples (median)",
+                  "time / PETRA (median of paired windows)", "held between ticks (MiB)",
+                  "of which the remedy's own state (MiB)", "held inside operations, at most (MiB)"], rows)
 
 
 @renders("affinity", "main")
