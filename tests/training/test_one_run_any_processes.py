@@ -22,6 +22,7 @@ from tests.training.test_trainer import make_trainer
 EVERY_2 = dict(eval_strategy="steps", eval_steps=2, save_strategy="steps", save_steps=2)
 BEST_LOSS = dict(load_best_model_at_end=True, metric_for_best_model="loss", greater_is_better=False)
 BEST_ACCURACY = dict(load_best_model_at_end=True, metric_for_best_model="accuracy", greater_is_better=True)
+REMEDIES = dict(petra_synchronous_steps=2, petra_weight_prediction=0.5, petra_delay_momentum=True)
 
 
 class Stop(Exception):
@@ -60,6 +61,9 @@ SCENARIOS = {
                                     save_total_limit=1, **BEST_ACCURACY, stop_at=4),
     "compute_loss_func": dict(max_steps=4, **EVERY_2, compute_loss_func=summed),
     "model_init": dict(max_steps=4, **EVERY_2, model_init=True),
+    # the delay remedies: a synchronous start of 2 steps, then PETRA with weight prediction and matched momenta
+    "remedies": dict(max_steps=8, **EVERY_2, **REMEDIES),
+    "remedies_resumed": dict(max_steps=8, **EVERY_2, **REMEDIES, stop_at=4),
 }
 
 
@@ -183,7 +187,8 @@ def test_the_scenarios_exercise_what_they_name(runs):
 
 
 @pytest.mark.parametrize("resumed, uninterrupted", [("resume_after_save", "best_accuracy"),
-                                                    ("resume_mid_epoch_limit2", "limit2_best")])
+                                                    ("resume_mid_epoch_limit2", "limit2_best"),
+                                                    ("remedies_resumed", "remedies")])
 def test_a_resumed_run_ends_as_the_uninterrupted_one(runs, resumed, uninterrupted):
     for processes in (1, 2):
         for result in runs[processes]:
