@@ -480,10 +480,10 @@ class StageWorker:
 
     def _track_peak(self) -> None:
         """The peak after an operation, from running totals: each micro-batch's record counted once when it is made,
-        the gradients once per group (they accumulate in place), and the few messages waiting. Recounting every
-        tensor held, as `memory()` does, would cost more than a small stage's operations."""
-        waiting = nbytes(self.waiting_messages()) + nbytes(self.predictor.held())
-        self._peak = max(self._peak, self._pending_bytes + self._grad_bytes + waiting)
+        the gradients once per group (they accumulate in place), the few messages waiting, and weight prediction's
+        copy. Recounting every tensor held, as `memory()` does, would cost more than a small stage's operations."""
+        waiting, remedy = nbytes(self.waiting_messages()), nbytes(self.predictor.held())
+        self._peak = max(self._peak, self._pending_bytes + self._grad_bytes + waiting + remedy)
 
 
 def run_stage(worker: StageWorker, router, forward: int | None, backward: int | None, targets: dict, loss_fn,
