@@ -5,6 +5,7 @@ into one JSON with each run's accuracy and gradient fidelity, and each setting's
     python benchmarks/remedy_screen.py benchmarks/plans/revvit_tiny_remedies.txt --jobs 16
     python benchmarks/remedy_screen.py PLAN --gather DIR [DIR ...]   # runs made elsewhere (their per-line JSONs)
     python benchmarks/remedy_screen.py PLAN --merge JSON [JSON ...]  # runs from earlier screens, summarised anew
+    python benchmarks/remedy_screen.py PLAN ... --plot PNG            # and the gap against J, one line per setting
 
 A plan line is `NAME MODEL CONFIG SEED EPOCHS [RECIPE FLAGS ...]`: a unique name, an accuracy_digits model and
 configuration (`petra-k1+delay-scaled+layerscale`), the seed, the epochs, and recipe flags given last, so that they
@@ -126,9 +127,19 @@ def summarise(records: list[dict], baseline: str) -> list[dict]:
         paired = [r["test_accuracy"] - base[r["seed"]] for r in group if r["seed"] in base]
         if paired and (config, flags) != (baseline, ""):
             row["gap_mean"] = statistics.fmean(paired)
+            row["gap_std"] = statistics.stdev(paired) if len(paired) > 1 else 0.0
             row["gap_seeds"] = [r["seed"] for r in group if r["seed"] in base]
         rows.append(row)
     return rows
+
+
+def plot_against_depth(rows: list[dict], path: Path, title: str, baseline: str) -> None:
+    """depth_sweep.py's picture of a screen: the gap against J and the fidelity, one line per setting (its
+    configuration and flags), for the settings paired with the baseline."""
+    import depth_sweep
+
+    lines = [{**row, "config": f"{row['config']} {row['flags']}".strip()} for row in rows if "gap_mean" in row]
+    depth_sweep.plot(lines, path, title, baseline)
 
 
 def main(argv=None) -> dict:
@@ -142,6 +153,7 @@ def main(argv=None) -> dict:
                         help="read the per-line JSONs of runs made elsewhere instead of running the plan")
     parser.add_argument("--merge", type=Path, nargs="+", default=None,
                         help="take the plan's runs from earlier screens' JSONs instead of running them")
+    parser.add_argument("--plot", type=Path, default=None, help="also draw the gap against J into this PNG")
     add_out_argument(parser, "remedy_screen")
     args = parser.parse_args(argv)
     plan = read_plan(args.plan)
@@ -159,6 +171,8 @@ def main(argv=None) -> dict:
         gap = f", gap {row['gap_mean']:+.2f}" if "gap_mean" in row else ""
         progress(f"{row['config']} J={row['stages']} {row['flags'] or '-'}: {row['mean']:.2f} % over seeds "
                  f"{row['seeds']}{gap}")
+    if args.plot is not None:
+        plot_against_depth(rows, args.plot, f"{args.plan.stem}: the gap against depth", args.baseline)
     settings = {"plan": str(args.plan), "fidelity_every": args.fidelity_every, "baseline": args.baseline,
                 "gathered_from": [str(path) for path in args.gather or args.merge or []] or None}
     return write_results(results_path(args.out, "remedy_screen", False), "remedy_screen", "remedy_screen.py", argv,

@@ -64,3 +64,27 @@ def test_a_merge_takes_runs_from_earlier_screens_and_refuses_one_that_ran_otherw
     plan.write_text("q revnet18 petra-k2 0 1 --x 2\n")
     with pytest.raises(ValueError, match="run 'q' differs from the plan in recipe_args"):
         screen.main([str(plan), "--merge", str(second), "--out", str(tmp_path / "refused.json")])
+
+
+def test_a_screen_over_depths_draws_the_gap_against_j(tmp_path):
+    screen = load("remedy_screen")
+
+    def run(name, config, seed, stages, accuracy, cosine):
+        return {"name": name, "model": "revvit-tiny", "config": config, "seed": seed, "epochs": 1.0,
+                "recipe_args": ["--petra_num_stages", str(stages)], "num_stages": stages, "test_accuracy": accuracy,
+                "cosine_true_mean": cosine}
+
+    runs = [run(f"{config}-{stages}-{seed}", config, seed, stages, accuracy - (stages if config == "p" else 0), cos)
+            for stages in (4, 8) for seed, accuracy in ((0, 90.0), (1, 80.0))
+            for config, cos in (("backprop", 1.0), ("p", 0.9))]
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"runs": runs}))
+    plan = tmp_path / "plan.txt"
+    plan.write_text("".join(f"{r['name']} revvit-tiny {r['config']} {r['seed']} 1 --petra_num_stages "
+                            f"{r['num_stages']}\n" for r in runs))
+    picture = tmp_path / "depth.png"
+    result = screen.main([str(plan), "--merge", str(earlier), "--baseline", "backprop", "--plot", str(picture),
+                          "--out", str(tmp_path / "merged.json")])
+    gaps = {row["stages"]: (row["gap_mean"], row["gap_std"]) for row in result["rows"] if row["config"] == "p"}
+    assert gaps == {4: (-4.0, 0.0), 8: (-8.0, 0.0)}
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
