@@ -1,6 +1,8 @@
 """The benchmark scripts are files, not a package: load them by path (they find `benchmarks/common.py` themselves)."""
 
 import importlib.util
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +21,14 @@ def load(name: str):
         sys.modules.pop(spec.name, None)
         raise
     return module
+
+
+def run_quick(name: str, out: Path, *flags: str) -> dict:
+    """`python benchmarks/NAME.py --quick FLAGS --out OUT` in a process of its own, as a user runs it (the scripts
+    that spawn ranks need their module importable by name there); returns the JSON it wrote."""
+    subprocess.run([sys.executable, str(BENCHMARKS / f"{name}.py"), "--quick", *flags, "--out", str(out)],
+                   check=True, capture_output=True, timeout=300)
+    return json.loads(Path(out).read_text())
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,8 @@ import pytest
 from petra_hub.testing.affinity import cpu_share
 from petra_hub.testing.ranks import run_ranks
 
+from .conftest import run_quick
+
 
 def test_the_cores_are_cut_into_contiguous_disjoint_shares_that_cover_them_all():
     cores = list(range(16))
@@ -42,16 +44,8 @@ def test_launched_ranks_run_each_on_its_own_share():
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
 @pytest.mark.benchmark_run
 def test_quick_run_times_both_ways_and_renders(tmp_path, report):
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
     out = tmp_path / "affinity.json"
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "affinity.py"
-    subprocess.run([sys.executable, str(script), "--quick", "--groups", "4k/6", "--out", str(out)], check=True,
-                   capture_output=True, timeout=300)
-    (row,) = json.loads(out.read_text())["rows"]
+    (row,) = run_quick("affinity", out, "--groups", "4k/6")["rows"]
     assert row["groups"] == "4k/6" and row["free_s"] > 0 and row["bound_s"] > 0
     assert row["free_over_bound"] == pytest.approx(row["free_s"] / row["bound_s"])  # one round: the ratio is the pair's
     assert all(0.8 < t < 3 for t in row["tail_free"] + row["tail_bound"])  # a mean over a median, per rank

@@ -1,21 +1,14 @@
 """benchmarks/kept_graphs.py --quick: every method measured, the budget between the two extremes, the table renders."""
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from .conftest import run_quick
 
 
 @pytest.mark.benchmark_run
 def test_quick_run(tmp_path, report):
     out = tmp_path / "kept_graphs.json"
-    subprocess.run([sys.executable, str(BENCHMARKS / "kept_graphs.py"), "--quick", "--repeats", "1",
-                    "--micro-batches", "2", "--out", str(out)], check=True, capture_output=True, timeout=300)
-    result = json.loads(out.read_text())
+    result = run_quick("kept_graphs", out, "--repeats", "1", "--micro-batches", "2")
     assert result["recomputing"] == [0, 3, 5, 7] and result["kept"]["petra_kept"] == [0, 3, 5, 7]
     assert result["kept"]["petra_all_kept"] == list(range(9))
     assert result["kept"]["petra"] == [] and set() < set(result["kept"]["petra_budget"]) < set(range(9))

@@ -1,22 +1,15 @@
 """benchmarks/predict.py --quick: predictions for 2-10 devices from this machine's profile, labelled as such."""
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from .conftest import run_quick
 
 
 @pytest.mark.benchmark_run
 def test_quick_predictions(tmp_path, report):
     out = tmp_path / "predict.json"
     # kept graphs of at most 1 MiB per profile: one pass per group on 10 devices (each holds more), fewer on 2
-    subprocess.run([sys.executable, str(BENCHMARKS / "predict.py"), "--quick", "--kept-memory", str(2**-10),
-                    "--out", str(out)], check=True, capture_output=True, timeout=300)
-    result = json.loads(out.read_text())
+    result = run_quick("predict", out, "--kept-memory", str(2**-10))
     assert result["prediction"] is True and list(result["models"]) == ["revnet18"]
     model = result["models"]["revnet18"]
     assert len(model["stage_costs"]) == 10

@@ -1,21 +1,14 @@
 """benchmarks/remedy_costs.py --quick: every remedy measured beside PETRA, its own state counted, the table renders."""
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from .conftest import run_quick
 
 
 @pytest.mark.benchmark_run
 def test_quick_run(tmp_path, report):
     out = tmp_path / "remedy_costs.json"
-    subprocess.run([sys.executable, str(BENCHMARKS / "remedy_costs.py"), "--quick", "--repeats", "1",
-                    "--updates", "2", "--out", str(out)], check=True, capture_output=True, timeout=300)
-    result = json.loads(out.read_text())
+    result = run_quick("remedy_costs", out, "--repeats", "1", "--updates", "2")
     held, within = result["held"], result["peak_within_bytes"]
     assert result["ratio_to_petra"]["petra"] == 1.0 and all(t > 0 for t in result["median_s"].values())
     # weight prediction keeps one copy of every stage's weights but the last's; delay-matched momentum keeps nothing

@@ -2,13 +2,10 @@
 (the accuracy of the predictions is a benchmark result, docs/benchmarks-throughput.md, not a test)."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from .conftest import run_quick
 
 
 @pytest.fixture(scope="module")
@@ -16,10 +13,8 @@ def quick_run(tmp_path_factory):
     """One quick run of the engine's modes and of torch's schedules (Schedule1F1B at each checkpointing, and a
     multi-chunk schedule on its 2W chunks, at m = 4): the two kinds of rows land in one file."""
     out = tmp_path_factory.mktemp("simulator") / "simulator.json"
-    subprocess.run([sys.executable, str(BENCHMARKS / "simulator.py"), "--quick", "--modes", "petra", "backprop",
-                    "--rival-microbatches", "4", "--rival-schedules", "1f1b", "zbv_zero_bubble", "--out", str(out)],
-                   check=True, capture_output=True, timeout=300)
-    return json.loads(out.read_text())
+    return run_quick("simulator", out, "--modes", "petra", "backprop", "--rival-microbatches", "4",
+                     "--rival-schedules", "1f1b", "zbv_zero_bubble")
 
 
 def engine_rows(result: dict) -> list[dict]:
@@ -53,10 +48,7 @@ def test_grouped_stages_are_profiled_and_simulated_as_grouped(tmp_path, report):
     """--groups: PETRA on coarser engine stages, each grouping profiled as grouped (and keeping its graph, k); the
     report names the groups."""
     out = tmp_path / "simulator_groups.json"
-    command = [sys.executable, str(BENCHMARKS / "simulator.py"), "--quick", "--modes", "petra", "--groups", "1,2/7",
-               "4/6", "4k/6", "--out", str(out)]
-    subprocess.run(command, check=True, capture_output=True, timeout=300)
-    result = json.loads(out.read_text())
+    result = run_quick("simulator", out, "--modes", "petra", "--groups", "1,2/7", "4/6", "4k/6")
     rows = [(row["groups"], row["partition"], row["kept"]) for row in result["rows"]]
     assert rows == [([1, 2, 7], [2, 1], []), ([4, 6], [1, 1], []), ([4, 6], [1, 1], [0])]
     assert all(row["measured_s"] > 0 and row["predicted_s"] > 0 for row in result["rows"])

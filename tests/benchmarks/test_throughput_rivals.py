@@ -3,14 +3,13 @@ measured, the chunk layouts, the report's tables; and why the zero-bubble schedu
 `recompute_once`. The numbers of a real run are a benchmark result (docs/benchmarks-throughput.md), not a test."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from .conftest import BENCHMARKS, load
+from .conftest import load, run_quick
 
 STAGES = "SRRDRDRDRH"  # RevNet18: stem, 8 blocks (3 downsampling), head
 
@@ -27,11 +26,8 @@ def quick_run(tmp_path_factory):
     with 2 ranks), 1 window of 4 micro-batches per method. A subprocess: the benchmark spawns its ranks, which
     import it by its module name."""
     out = tmp_path_factory.mktemp("throughput") / "throughput-quick.json"
-    command = [sys.executable, str(BENCHMARKS / "throughput.py"), "--quick", "--repeats", "1", "--micro-batches", "4",
-               "--batch", "2", "--image-size", "8", "--pp-microbatches", "4",
-               "--petra-groups", "1,2/7", "4/6", "5k/5", "--out", str(out)]  # fmt: skip
-    subprocess.run(command, check=True, capture_output=True, timeout=300)
-    return json.loads(out.read_text())
+    return run_quick("throughput", out, "--repeats", "1", "--micro-batches", "4", "--batch", "2", "--image-size", "8",
+                     "--pp-microbatches", "4", "--petra-groups", "1,2/7", "4/6", "5k/5")
 
 
 @pytest.mark.benchmark_run

@@ -1,22 +1,17 @@
 """benchmarks/timeline.py --quick: traced 2-process runs become PNG timelines, Chrome traces and busy fractions."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from .conftest import run_quick
 
 
 @pytest.mark.benchmark_run
 def test_quick_timelines(tmp_path):
     # a subprocess: the benchmark spawns its ranks, which import it by its module name
-    command = [sys.executable, str(BENCHMARKS / "timeline.py"), "--quick", "--out", str(tmp_path / "timeline.json"),
-               "--images", str(tmp_path)]
-    subprocess.run(command, check=True, capture_output=True, timeout=300)
-    result = json.loads((tmp_path / "timeline.json").read_text())
+    result = run_quick("timeline", tmp_path / "timeline.json", "--images", str(tmp_path))
     torch_schedules = {"1f1b", "interleaved_1f1b", "interleaved_zero_bubble", "zbv_zero_bubble", "dualpipev"}
     assert set(result["summary"]) == {"petra", "reversible_backprop", "backprop"} | torch_schedules
     kinds = {}
