@@ -335,6 +335,24 @@ def test_schedule_timing_matches_the_paper():
     assert synchronous.backward_tick(0, 0) < synchronous.forward_tick(1, 0)
 
 
+@pytest.mark.parametrize("pipelined", [True, False])
+@pytest.mark.parametrize("num_stages", [1, 2, 5])
+def test_the_work_at_a_tick_is_every_stage_the_grid_shows_busy(pipelined, num_stages):
+    """`work_at` (what the tick loop runs) lists exactly the stages and micro-batches of `forward_at` and
+    `backward_at`, for any local range of stages, while micro-batches are fed and after."""
+    schedule = Schedule(num_stages, pipelined)
+    for local in (range(num_stages), range(num_stages // 2, num_stages), range(0, 1)):
+        for fed in (1, 3):
+            for tick in range(schedule.backward_tick(fed - 1, 0) + 3):
+                expected = [(stage, schedule.forward_at(stage, tick, fed), schedule.backward_at(stage, tick, fed))
+                            for stage in local]
+                expected = [work for work in expected if work[1:] != (None, None)]
+                assert schedule.work_at(local, tick, fed) == expected, (local, fed, tick)
+    ticks = range(schedule.latency + 2 * schedule.ticks_per_micro_batch)
+    operations = [b for tick in ticks for _, f, b_ in schedule.work_at(range(num_stages), tick, 3) for b in (f, b_)]
+    assert sorted(b for b in operations if b is not None) == [b for b in range(3) for _ in range(2 * num_stages)]
+
+
 def test_placement_and_bad_settings():
     assert [list(g) for g in Placement.balanced(10, 3).groups] == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
     with pytest.raises(ValueError, match="at most 10 processes"):

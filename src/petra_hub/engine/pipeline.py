@@ -523,9 +523,7 @@ class Pipeline(Readings):
         moment = self._moment(kind)
         headers = self.router.post_headers(moment) if self.distributed else None  # they travel during the work
         losses, outgoing = [], []
-        for index in self.local:
-            forward = self.schedule.forward_at(index, moment.tick, moment.fed)
-            backward = self.schedule.backward_at(index, moment.tick, moment.fed)
+        for index, forward, backward in self.schedule.work_at(self.local, moment.tick, moment.fed):
             forward, backward = (None if b is None else b + moment.first for b in (forward, backward))
             losses.extend(run_stage(self.workers[index], self.router, forward, backward, self._targets, self.loss_fn,
                                     outgoing))

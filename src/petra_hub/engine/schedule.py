@@ -57,6 +57,22 @@ class Schedule:
     def backward_at(self, stage: int, tick: int, fed: int) -> int | None:
         return self._micro_batch_at(2 * (self.num_stages - 1) - stage, tick, fed)
 
+    def work_at(self, stages: range, tick: int, fed: int) -> list[tuple[int, int | None, int | None]]:
+        """(stage, forward micro-batch, backward micro-batch) for each of `stages` that has work at `tick`, in stage
+        order (None where it has no forward or no backward). A synchronous schedule looks only at the (at most two)
+        stages its one micro-batch in flight can be at, so an idle stage costs nothing."""
+        if self.pipelined:
+            candidates = stages
+        else:
+            offset = tick % self.ticks_per_micro_batch  # where the micro-batch in flight stands in its ticks
+            candidates = sorted({stage for stage in (offset, 2 * (self.num_stages - 1) - offset) if stage in stages})
+        work = []
+        for stage in candidates:
+            forward, backward = self.forward_at(stage, tick, fed), self.backward_at(stage, tick, fed)
+            if forward is not None or backward is not None:
+                work.append((stage, forward, backward))
+        return work
+
     def in_flight(self, stage: int) -> int:
         """Steady-state number of micro-batches between forward and backward at `stage`."""
         return 2 * (self.num_stages - 1 - stage) if self.pipelined else 0
