@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from petra_hub.engine import MemoryOptions, Mode, Pipeline, Remedies
-from petra_hub.engine.accounting import memory_of
+from petra_hub.engine.accounting import graph_bytes, memory_of
 from petra_hub.engine.batchnorm import frozen_running_stats
 from petra_hub.engine.tensors import as_tuple
 from petra_hub.testing.malloc import malloc_available, steady_state_growth
@@ -126,7 +126,8 @@ def test_the_peak_from_running_totals_is_the_largest_exact_count_after_any_opera
         for name in ("forward", "backward", "forward_backward_last"):
             def recounting(*args, _op=getattr(worker, name), _worker=worker, **kwargs):
                 result = _op(*args, **kwargs)
-                exact[_worker.index] = max(exact[_worker.index], memory_of(_worker.held()).total_bytes)
+                total = memory_of(_worker.held()).total_bytes + _worker.kept_graph_bytes()
+                exact[_worker.index] = max(exact[_worker.index], total)
                 return result
             setattr(worker, name, recounting)
     for step in range(3 * len(model.get_stages())):
@@ -176,6 +177,26 @@ def test_a_kept_graph_frees_what_it_saved_as_its_backward_goes(mode, options):
         pipeline.step(torch.randn(4, 8), torch.randint(0, 2, (4,)))
     pipeline.drain()
     assert stage.released == [True, True, True]
+
+
+def test_a_kept_graph_is_counted_as_its_own_shape_saves_it_when_micro_batch_sizes_change():
+    """A kept graph's bytes are measured once per input shape and reused: after micro-batches of 4, 2 and 4 samples,
+    the stage holds what `graph_bytes` (a fresh count of each graph, with its inputs) gives for each in flight."""
+    model = small_model("revnet18", dtype=torch.float32)
+    stages = model.get_stages()
+    pipeline = Pipeline(stages, F.cross_entropy, mode="petra", memory=MemoryOptions(keep_graphs=[0]))
+    fed = [batch(model.config, size, step, image_size=8) for step, size in enumerate([4, 4, 2, 4, 2])]
+    for images, labels in fed:
+        pipeline.step(images, labels)
+    in_flight = pipeline.in_flight()[0]
+    assert in_flight == list(range(len(fed)))
+    with frozen_running_stats(stages[0]):
+        expected = sum(graph_bytes(stages[0], fed[m][0], with_inputs=True) for m in in_flight)
+    sizes = {graph_bytes(stages[0], fed[m][0], with_inputs=True) for m in in_flight}
+    assert len(sizes) == 2  # two shapes in flight, each counted as its own
+    assert pipeline.memory()[0].activation_bytes == expected
+    pipeline.drain()
+    assert pipeline.memory()[0].activation_bytes == 0
 
 
 def test_weight_prediction_holds_one_copy_of_each_stage_s_weights_counted_as_remedy_bytes():

@@ -18,13 +18,15 @@ def batch_norms(module: nn.Module) -> list[_BatchNorm]:
 
 
 @contextlib.contextmanager
-def frozen_running_stats(module: nn.Module) -> Iterator[None]:
+def frozen_running_stats(module: nn.Module | list[_BatchNorm]) -> Iterator[None]:
     """Normalise with batch statistics without touching running statistics or `num_batches_tracked`.
 
     In training mode a batch norm with `track_running_stats=False` uses batch statistics and updates nothing;
-    in eval mode it still uses its running statistics, so this is harmless around evaluation too.
+    in eval mode it still uses its running statistics, so this is harmless around evaluation too. `module` may be
+    given as its `batch_norms` list, by a caller that enters this every micro-batch (walking the module costs more
+    than a small stage's operations).
     """
-    layers = [m for m in batch_norms(module) if m.track_running_stats]
+    layers = [m for m in (batch_norms(module) if isinstance(module, nn.Module) else module) if m.track_running_stats]
     for layer in layers:
         layer.track_running_stats = False
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -19,7 +19,7 @@ class Pending:
 
     inputs: Activation | None = None  # stored input (non-reversible stages, input-buffer modes)
     outputs: Activation | None = None  # output with its graph (backprop)
-    saved: list[torch.Tensor] = field(default_factory=list)  # tensors the graph saved (backprop)
+    graph_bytes: int = 0  # what a kept graph saved besides inputs and outputs (autograd holds it)
     weights: list[torch.Tensor] | None = None  # stashed weights (weight-stashing modes)
     rng: RngState | None = None  # the RNG state before the forward, if it drew random numbers (recomputing modes)
     unit_rngs: list[RngState | None] | None = None  # the same per member of a reversible StageGroup
@@ -27,7 +27,7 @@ class Pending:
     nbytes: int = 0  # the bytes of all the above, each storage once (the worker's running total for its peak)
 
     def tensors(self) -> list[torch.Tensor]:
-        held = list(self.saved)
+        held = []
         for value in (self.inputs, self.outputs, self.reference):
             if value is not None:
                 held.extend(as_tuple(value))

@@ -82,6 +82,7 @@ class Readings:
             for kind, tensors in worker.held().items():
                 kinds.setdefault(kind, []).extend(tensors)
         stats = memory_of(kinds)
+        stats.activation_bytes += sum(worker.kept_graph_bytes() for worker in self.workers.values())
         stats.peak_bytes = stats.total_bytes
         return stats
 

@@ -56,7 +56,7 @@ def loaded_rng(saved: dict | None, device: torch.device | None) -> RngState | No
 
 def saved_pending(pending: Pending) -> dict:
     """`pending` without a graph (a stage that keeps its forward's graph cannot be snapshot: see `Pipeline`)."""
-    if pending.outputs is not None or pending.saved:
+    if pending.outputs is not None:
         raise ValueError("a micro-batch whose forward graph is kept cannot be saved")
     return {
         "inputs": saved_activation(pending.inputs),

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from .batchnorm import frozen_running_stats
+from .batchnorm import batch_norms, frozen_running_stats
 from .errors import PipelineError
 from .fidelity import StageProbe
 from .accounting import MemoryStats, StageCounters, memory_of, nbytes, recording_saved_tensors, relative_error
@@ -109,6 +109,7 @@ class StageWorker:
         named = [(name, p) for name, p in stage.named_parameters() if p.requires_grad]
         self.param_names, self.params = [name for name, _ in named], [p for _, p in named]
         self.units = units(stage) if self.reconstructs else [stage]
+        self.batch_norms = batch_norms(stage)
         self.counters = StageCounters()
         self.predictor = self._predictor(remedies)
         self.momentum = None
@@ -118,6 +119,7 @@ class StageWorker:
             self.momentum.apply(mode.pipelined)
         self.group: list[int] = []  # micro-batches whose gradients are accumulated and not yet applied
         self._pending: dict[int, Pending] = {}
+        self._graph_bytes: dict[tuple, int] = {}  # input shapes -> what a kept graph saves (`_evaluate_keeping_graph`)
         self.probes: dict[int, StageProbe] = {}  # probed micro-batches (see `fidelity`)
         self._group_ends: set[int] = set()  # micro-batches after which a group closes before reaching k
         self._peak = 0
@@ -165,14 +167,11 @@ class StageWorker:
             if self.mode.pipelined:
                 weights = {name: p.detach().clone().requires_grad_() for name, p in zip(self.param_names, self.params)}
                 pending.weights = list(weights.values())
-            model_state = [*(pending.weights or self.params), *self.stage.buffers()]  # not the micro-batch's
-            with torch.enable_grad(), recording_saved_tensors(exclude=model_state) as saved:
-                outputs = self._evaluate(leaves, weights)
-            pending.saved = saved
+            outputs, pending.graph_bytes = self._evaluate_keeping_graph(leaves, weights)
             pending.inputs, pending.outputs = leaves, outputs
             outputs = detached(outputs)
         else:
-            with torch.no_grad(), frozen_running_stats(self.stage), self._autocast(inputs):
+            with torch.no_grad(), frozen_running_stats(self.batch_norms), self._autocast(inputs):
                 outputs = self.precision.cast_streams(self._forward_recording_rng(inputs, pending))
             if not self.reconstructs:
                 pending.inputs = detached(inputs)
@@ -204,7 +203,7 @@ class StageWorker:
                     inputs, grad_inputs = reconstruct_replaying(
                         self.stage, self.units, outputs, grad_outputs, pending.rng, pending.unit_rngs)
             else:
-                with torch.no_grad(), frozen_running_stats(self.stage), self._autocast(outputs):
+                with torch.no_grad(), frozen_running_stats(self.batch_norms), self._autocast(outputs):
                     inputs = reconstruct_replaying(self.stage, self.units, outputs, None, pending.rng,
                                                    pending.unit_rngs)
                 with replaying(pending.rng):
@@ -213,8 +212,6 @@ class StageWorker:
                 self.counters.reconstruction_error = relative_error(inputs, pending.reference)
                 self.counters.reconstruction_checks += 1
         elif self.keeps_graph:
-            # the graph holds what it saved until each node has run; a list of it here would keep all of it to the end
-            pending.saved = []
             backpropagate(pending.outputs, grad_outputs)
             for param, copy in zip(self.params, pending.weights or ()):  # the graph's weights were a copy
                 if copy.grad is not None:
@@ -387,7 +384,8 @@ class StageWorker:
         return list(self._pending)
 
     def held(self) -> dict[str, list[torch.Tensor]]:
-        """The tensors this stage's device holds for training, by kind (`MemoryStats`' fields)."""
+        """The tensors this stage's device holds for training, by kind (`MemoryStats`' fields), but for those kept
+        graphs saved (`kept_graph_bytes`)."""
         return {
             "activation": [t for p in self._pending.values() for t in p.tensors()],
             "stash": [w for p in self._pending.values() if p.weights is not None for w in p.weights],
@@ -396,17 +394,23 @@ class StageWorker:
             "remedy": self.predictor.held(),
         }
 
+    def kept_graph_bytes(self) -> int:
+        """What the kept graphs of the micro-batches in flight saved besides their inputs and outputs (which `held`
+        lists): activation bytes that are not in `held`."""
+        return sum(pending.graph_bytes for pending in self._pending.values())
+
     def memory(self) -> MemoryStats:
-        """What `held` holds now, by kind; `peak_bytes`: the largest total after any forward or backward, or now.
-        Reading it changes nothing."""
+        """What `held` holds now, by kind, and the kept graphs; `peak_bytes`: the largest total after any forward or
+        backward, or now. Reading it changes nothing."""
         stats = memory_of(self.held())
+        stats.activation_bytes += self.kept_graph_bytes()
         stats.peak_bytes = max(self._peak, stats.total_bytes)
         return stats
 
     # -- helpers ----------------------------------------------------------------------------------------------------
     def _keep(self, micro_batch: int, pending: Pending) -> None:
         self._pending[micro_batch] = pending
-        pending.nbytes = nbytes(pending.tensors() + (pending.weights or []))
+        pending.nbytes = nbytes(pending.tensors() + (pending.weights or [])) + pending.graph_bytes
         self._pending_bytes += pending.nbytes
 
     def _grads(self) -> list[torch.Tensor]:
@@ -446,6 +450,24 @@ class StageWorker:
         with self._autocast(inputs):
             outputs = self.stage(inputs) if weights is None else functional_call(self.stage, weights, (inputs,))
         return self.precision.cast_streams(outputs)
+
+    def _evaluate_keeping_graph(self, leaves: Activation, weights: dict[str, torch.Tensor] | None
+                                ) -> tuple[Activation, int]:
+        """`_evaluate` with its graph, and the bytes that graph saved besides its inputs and outputs (and the weights
+        and buffers, which are the model's). Counted by a saved-tensor hook on the first forward of each input shape
+        only, and reused: what a graph saves follows from the shapes it runs on, and hooking every forward costs as
+        much as a small stage's operations. The hook's list is dropped at once, so that autograd frees each saved
+        tensor as soon as its node has run in the backward."""
+        key = tuple((t.shape, t.dtype, t.device) for t in as_tuple(leaves))
+        counted = self._graph_bytes.get(key)
+        with torch.enable_grad():
+            if counted is not None:
+                return self._evaluate(leaves, weights), counted
+            model_state = [*(weights.values() if weights is not None else self.params), *self.stage.buffers()]
+            with recording_saved_tensors(exclude=model_state) as saved:
+                outputs = self._evaluate(leaves, weights)
+        counted = self._graph_bytes[key] = nbytes(saved, exclude=[*as_tuple(leaves), *as_tuple(outputs)])
+        return outputs, counted
 
     def _outgoing(self, grad_inputs: Activation) -> Activation:
         return grad_inputs if self.loss_scale is None else self.loss_scale.unscale_outgoing(grad_inputs)
