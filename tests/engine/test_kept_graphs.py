@@ -13,6 +13,7 @@ from petra_hub.analysis import profile_stages
 from petra_hub.engine import MemoryOptions, Mode, Pipeline, Schedule
 from petra_hub.engine.accounting import nbytes
 from petra_hub.engine.graph_budget import keepable_stages, kept_graph_bytes, recomputing_stages, stage_inputs
+from petra_hub.engine.pending import ParameterSlots
 from petra_hub.engine.tensors import as_tuple
 from petra_hub.testing.models import small_model
 from petra_hub.testing.ranks import run_ranks
@@ -220,3 +221,45 @@ def test_two_processes_train_what_one_process_trains(tmp_path, options):
     trained = {index: weights for result in outcome for index, weights in result["value"][1].items()}
     assert sorted(trained) == list(range(10))
     assert all(torch.equal(a, b) for index in expected for a, b in zip(trained[index], expected[index]))
+
+
+class _Tied(torch.nn.Module):
+    """One weight in two modules (tied, as language models tie embeddings) and a module used twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second, self.frozen = torch.nn.Linear(6, 6), torch.nn.Linear(6, 6), torch.nn.Linear(6, 6)
+        self.second.weight = self.first.weight
+        self.frozen.requires_grad_(False)
+
+    def forward(self, x):
+        return self.frozen(torch.tanh(self.second(torch.tanh(self.first(self.first(x))))))
+
+
+def test_a_kept_graph_on_weight_copies_is_torch_s_functional_call_tied_weights_included():
+    """A pipelined stage keeps its graph on copies of its weights (`ParameterSlots`): the outputs and the copies'
+    gradients are those of `torch.func.functional_call` with the same copies, a tied weight replaced everywhere it is
+    held; afterwards the module holds its own parameters again, also after an exception."""
+    torch.manual_seed(0)
+    stage = _Tied()
+    params = [p for p in stage.parameters() if p.requires_grad]
+    names = [name for name, p in stage.named_parameters() if p.requires_grad]
+    assert len(params) == 3  # first.weight (tied), first.bias, second.bias
+    x = torch.randn(4, 6, dtype=torch.float64)
+    stage.double()
+    ours = [(p.detach() * 1.5).requires_grad_() for p in params]
+    theirs = [t.detach().clone().requires_grad_() for t in ours]
+    slots = ParameterSlots(stage, params)
+    assert len(slots.slots) == 4  # the tied weight is held in two places
+    with slots.holding(ours):
+        output = stage(x)
+    reference = torch.func.functional_call(stage, dict(zip(names, theirs)), (x,), tie_weights=True)
+    assert torch.equal(output, reference)
+    output.sum().backward()
+    reference.sum().backward()
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(ours, theirs))
+    assert all(p.grad is None for p in stage.parameters())  # nothing reached the module's own
+    assert stage.first.weight is params[0] and stage.second.weight is params[0]
+    with pytest.raises(RuntimeError, match="inside"), slots.holding(ours):
+        raise RuntimeError("inside")
+    assert all(a is b for a, b in zip([stage.first.weight, stage.first.bias, stage.second.bias], params))

@@ -48,3 +48,26 @@ def stashed_weights(params: list[nn.Parameter], values: list[torch.Tensor] | Non
     finally:
         for param, value in zip(params, current):
             param.data = value
+
+
+class ParameterSlots:
+    """Every place in `module` that holds one of `params` (a tied parameter is held in several), to run the module
+    with other tensors in their place: what `torch.func.functional_call` does (it too writes `_parameters`), with the
+    places found once instead of at every call."""
+
+    def __init__(self, module: nn.Module, params: list[nn.Parameter]):
+        position = {id(param): index for index, param in enumerate(params)}
+        self.params = params
+        self.slots = [(owner, name, position[id(value)]) for owner in module.modules()
+                      for name, value in owner._parameters.items() if value is not None and id(value) in position]
+
+    @contextlib.contextmanager
+    def holding(self, tensors: list[torch.Tensor]) -> Iterator[None]:
+        """Run the block with `tensors[i]` wherever the module holds `params[i]`."""
+        for owner, name, index in self.slots:
+            owner._parameters[name] = tensors[index]
+        try:
+            yield
+        finally:
+            for owner, name, index in self.slots:
+                owner._parameters[name] = self.params[index]

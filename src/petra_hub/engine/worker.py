@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
 from torch import nn
-from torch.func import functional_call
 
 from .batchnorm import batch_norms, frozen_running_stats
 from .errors import PipelineError
@@ -18,7 +18,7 @@ from .modes import Mode
 from .momentum import DelayMatchedMomentum
 from .optim import check_state_shapes, gradient_norm
 from .options import Diagnostics, Remedies
-from .pending import Pending, stashed_weights
+from .pending import ParameterSlots, Pending, stashed_weights
 from .prediction import WeightPredictor
 from .schedule import Schedule
 from .precision import LOW_PRECISION, LossScale, Precision
@@ -110,6 +110,7 @@ class StageWorker:
         self.param_names, self.params = [name for name, _ in named], [p for _, p in named]
         self.units = units(stage) if self.reconstructs else [stage]
         self.batch_norms = batch_norms(stage)
+        self._slots = ParameterSlots(stage, self.params)  # where a kept graph's weight copies go (pipelined modes)
         self.counters = StageCounters()
         self.predictor = self._predictor(remedies)
         self.momentum = None
@@ -165,8 +166,7 @@ class StageWorker:
             leaves = detached(inputs, requires_grad=not self.is_first)
             weights = None  # a synchronous mode updates after the backward: the graph may use the weights themselves
             if self.mode.pipelined:
-                weights = {name: p.detach().clone().requires_grad_() for name, p in zip(self.param_names, self.params)}
-                pending.weights = list(weights.values())
+                weights = pending.weights = [p.detach().clone().requires_grad_() for p in self.params]
             outputs, pending.graph_bytes = self._evaluate_keeping_graph(leaves, weights)
             pending.inputs, pending.outputs = leaves, outputs
             outputs = detached(outputs)
@@ -444,15 +444,14 @@ class StageWorker:
     def _autocast(self, value: Activation):
         return self.precision.autocast(as_tuple(value)[0].device)
 
-    def _evaluate(self, inputs: Activation, weights: dict[str, torch.Tensor] | None = None) -> Activation:
-        """The stage (with `weights` instead of its parameters, if given) under the policy's autocast, its outputs in
+    def _evaluate(self, inputs: Activation, weights: list[torch.Tensor] | None = None) -> Activation:
+        """The stage (with `weights` in place of its parameters, if given) under the policy's autocast, its outputs in
         the stream dtype (part of the graph)."""
-        with self._autocast(inputs):
-            outputs = self.stage(inputs) if weights is None else functional_call(self.stage, weights, (inputs,))
+        with self._autocast(inputs), self._slots.holding(weights) if weights is not None else contextlib.nullcontext():
+            outputs = self.stage(inputs)
         return self.precision.cast_streams(outputs)
 
-    def _evaluate_keeping_graph(self, leaves: Activation, weights: dict[str, torch.Tensor] | None
-                                ) -> tuple[Activation, int]:
+    def _evaluate_keeping_graph(self, leaves: Activation, weights: list[torch.Tensor] | None) -> tuple[Activation, int]:
         """`_evaluate` with its graph, and the bytes that graph saved besides its inputs and outputs (and the weights
         and buffers, which are the model's). Counted by a saved-tensor hook on the first forward of each input shape
         only, and reused: what a graph saves follows from the shapes it runs on, and hooking every forward costs as
@@ -463,7 +462,7 @@ class StageWorker:
         with torch.enable_grad():
             if counted is not None:
                 return self._evaluate(leaves, weights), counted
-            model_state = [*(weights.values() if weights is not None else self.params), *self.stage.buffers()]
+            model_state = [*(weights if weights is not None else self.params), *self.stage.buffers()]
             with recording_saved_tensors(exclude=model_state) as saved:
                 outputs = self._evaluate(leaves, weights)
         counted = self._graph_bytes[key] = nbytes(saved, exclude=[*as_tuple(leaves), *as_tuple(outputs)])
