@@ -454,9 +454,9 @@ class StageWorker:
     def _evaluate_keeping_graph(self, leaves: Activation, weights: list[torch.Tensor] | None) -> tuple[Activation, int]:
         """`_evaluate` with its graph, and the bytes that graph saved besides its inputs and outputs (and the weights
         and buffers, which are the model's). Counted by a saved-tensor hook on the first forward of each input shape
-        only, and reused: what a graph saves follows from the shapes it runs on, and hooking every forward costs as
-        much as a small stage's operations. The hook's list is dropped at once, so that autograd frees each saved
-        tensor as soon as its node has run in the backward."""
+        only, and reused: what a graph saves follows from the shapes it runs on, and a hook on every forward would
+        cost two Python calls per saved tensor (the pack, and the unpack in the backward). The hook's list is dropped
+        at once, so that autograd frees each saved tensor as soon as its node has run in the backward."""
         key = tuple((t.shape, t.dtype, t.device) for t in as_tuple(leaves))
         counted = self._graph_bytes.get(key)
         with torch.enable_grad():
