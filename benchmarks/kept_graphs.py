@@ -7,10 +7,12 @@ One process, one thread, all stages of the pipeline in it, in the environment a 
 Methods, timed in interleaved windows of N micro-batches at the steady state (medians over the repetitions): a plain
 torch loop (`model(x)`, `cross_entropy`, `backward`, SGD step: what a user would otherwise run, the reference), the
 same loop with a forward without a graph first (PETRA's operations, without the engine: the bound PETRA can reach),
-the engine's `backprop` mode (the same operations through the engine's stages), PETRA recomputing (the paper), PETRA
-with the graphs that fit a memory budget halfway between that and every graph kept (`memory_budget`), PETRA keeping
-the graphs of the stages that store their input (`keep_graphs`: stem and downsampling blocks), and PETRA keeping
-every stage's graph (the reversible ones then skip their reconstruction). Memory: the activation and weight-copy
+the same loop split into the model's J stages (a graph, a backward call and an SGD step per stage: what the split
+costs by itself, without the engine), the engine's `backprop` mode (the same operations through the engine's
+stages), PETRA recomputing (the paper), PETRA with the graphs that fit a memory budget halfway between that and
+every graph kept (`memory_budget`), PETRA keeping the graphs of the stages that store their input (`keep_graphs`:
+stem and downsampling blocks), and PETRA keeping every stage's graph (the reversible ones then skip their
+reconstruction). Memory: the activation and weight-copy
 bytes the stages hold between ticks (`Pipeline.memory()`), the largest seen, and the largest total the stages held
 after any of their operations within a tick (`peak_bytes`, gradients and waiting messages included). Beside each
 time, the process's minor page faults per micro-batch: with glibc's adaptive thresholds a loop whose freed memory
@@ -40,13 +42,14 @@ os.environ.update(SINGLE_THREAD_ENV)
 import torch  # noqa: E402
 
 from common import add_out_argument, build_model, cross_entropy, feed, load_average, make_pipeline  # noqa: E402
-from common import progress, sgd  # noqa: E402
+from common import progress, sgd, tensors_of  # noqa: E402
 from common import random_batches, results_path, revnet_config, write_results  # noqa: E402
 from petra_hub.engine import MemoryOptions, Mode  # noqa: E402
 from petra_hub.engine.graph_budget import keepable_stages, recomputing_stages  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH, RECIPE_WIDTH  # noqa: E402
 
-METHODS = ("plain", "plain_second_forward", "backprop", "petra", "petra_budget", "petra_kept", "petra_all_kept")
+METHODS = ("plain", "plain_second_forward", "plain_staged", "backprop", "petra", "petra_budget", "petra_kept",
+           "petra_all_kept")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -90,6 +93,31 @@ class PlainLoop:
         pass
 
 
+class StagedLoop(PlainLoop):
+    """The plain loop on the model's J stages, without the engine: each stage's input detached from the one before,
+    so there is one graph, one backward call and one SGD step per stage, as any pipeline engine has. What splitting
+    the model costs by itself; the engine's `backprop` mode over it is the engine's own cost."""
+
+    def __init__(self, model):
+        self.stages = model.get_stages()
+        self.optimizers = [sgd(stage, 0.01) for stage in self.stages]
+
+    def step(self, images, labels):
+        inputs, outputs = [images], [self.stages[0](images)]
+        for stage in self.stages[1:]:
+            value = outputs[-1]
+            value = tuple(t.detach().requires_grad_() for t in value) if isinstance(value, tuple) else \
+                value.detach().requires_grad_()
+            inputs.append(value)
+            outputs.append(stage(value))
+        cross_entropy(outputs[-1], labels).backward()
+        for index in range(len(self.stages) - 2, -1, -1):
+            torch.autograd.backward(tensors_of(outputs[index]), [t.grad for t in tensors_of(inputs[index + 1])])
+        for optimizer in self.optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+
 def held_bytes(pipeline) -> int:
     return sum(stats.activation_bytes + stats.stash_bytes for stats in pipeline.memory().values())
 
@@ -111,6 +139,14 @@ def main(argv=None) -> dict:
 
 def _measure_job(rank, world_size, args) -> dict:
     return measure(args)
+
+
+def paired_ratios(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Per reference (the plain loop, the same with PETRA's operations, split into stages, the engine's `backprop`
+    mode), each method's median over the repetitions of its window's time over the reference's window."""
+    return {reference: {name: statistics.median(t / r for t, r in zip(values, times[reference]))
+                        for name, values in times.items()}
+            for reference in ("plain", "plain_second_forward", "plain_staged", "backprop") if reference in times}
 
 
 def minor_faults() -> int:
@@ -141,8 +177,9 @@ def measure(args) -> dict:
     feed(engines["backprop"], batches, 3)
     engines["plain"] = PlainLoop(build_model(config))
     engines["plain_second_forward"] = PlainLoop(build_model(config), second_forward=True)
-    feed(engines["plain"], batches, 3)
-    feed(engines["plain_second_forward"], batches, 3)
+    engines["plain_staged"] = StagedLoop(build_model(config))
+    for name in ("plain", "plain_second_forward", "plain_staged"):
+        feed(engines[name], batches, 3)
     progress(f"{os.cpu_count()} CPUs, load average {load_average()}; stages that recompute: {candidates}; budget "
              f"{budget} bytes keeps {sorted(engines['petra_budget'].kept_graphs)}")
 
@@ -166,8 +203,7 @@ def measure(args) -> dict:
     for name in METHODS:
         engines[name].drain()
     medians = {name: statistics.median(values) for name, values in times.items()}
-    paired = {reference: {name: statistics.median(t / b for t, b in zip(times[name], times[reference]))
-                          for name in METHODS} for reference in ("plain", "backprop")}
+    paired = paired_ratios(times)
     within = {name: peak_bytes(engines[name]) for name in METHODS}
     for name in METHODS:
         progress(f"{name:14s} {1e3 * medians[name]:7.2f} ms per micro-batch ({paired['plain'][name]:.3f}x plain, "
@@ -179,6 +215,7 @@ def measure(args) -> dict:
         recomputing=candidates, budget_bytes=budget,
         kept={name: sorted(getattr(engines[name], "kept_graphs", ())) for name in METHODS},
         times=times, median_s=medians, ratio_to_plain=paired["plain"], ratio_to_backprop=paired["backprop"],
+        ratio_to_operations=paired["plain_second_forward"], ratio_to_staged=paired["plain_staged"],
         minor_faults=faults, median_minor_faults={name: statistics.median(v) for name, v in faults.items()},
         held_bytes=peaks, peak_bytes=within, load=load_average(),
     )

@@ -48,6 +48,7 @@ def messages_main(r, arg=None):
 
 KEPT_GRAPH_LABELS = {"plain": "plain torch loop (the reference)",
                      "plain_second_forward": "the same loop with a forward without graph first (PETRA's operations)",
+                     "plain_staged": "the plain loop split into the J stages (a graph, backward and SGD step each)",
                      "backprop": "plain backprop through the engine (`backprop` mode)",
                      "petra": "PETRA, recomputing (the paper)", "petra_budget": "PETRA, `memory_budget` halfway",
                      "petra_kept": "PETRA, stored-input stages' graphs kept",
