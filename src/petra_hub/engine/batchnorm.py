@@ -23,8 +23,8 @@ def frozen_running_stats(module: nn.Module | list[_BatchNorm]) -> Iterator[None]
 
     In training mode a batch norm with `track_running_stats=False` uses batch statistics and updates nothing;
     in eval mode it still uses its running statistics, so this is harmless around evaluation too. `module` may be
-    given as its `batch_norms` list, by a caller that enters this every micro-batch (walking the module costs more
-    than a small stage's operations).
+    given as its `batch_norms` list, by a caller that enters this every micro-batch (so that the module is walked
+    once, not every time).
     """
     layers = [m for m in (batch_norms(module) if isinstance(module, nn.Module) else module) if m.track_running_stats]
     for layer in layers:

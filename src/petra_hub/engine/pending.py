@@ -1,4 +1,5 @@
-"""What a stage worker keeps for a micro-batch between its forward and its backward, and weight stashing."""
+"""What a stage worker keeps for a micro-batch between its forward and its backward, and how it runs the stage on
+other weights (weight stashing, a kept graph's weight copies)."""
 
 from __future__ import annotations
 
