@@ -1,6 +1,6 @@
 """Kept graphs: what PETRA gains in time and pays in memory when its stages keep their forward's graph.
 
-    python benchmarks/kept_graphs.py            # RevNet18 at the recipe widths, 32x32, micro-batch 32 (~6 min)
+    python benchmarks/kept_graphs.py            # RevNet18 at the recipe widths, 32x32, micro-batch 32 (~8 min)
     python benchmarks/kept_graphs.py --quick    # tiny widths and windows (~20 s): kept_graphs-quick.json
 
 One process, one thread, all stages of the pipeline in it, in the environment a user has (no allocator tuning).
@@ -12,13 +12,13 @@ costs by itself, without the engine), the engine's `backprop` mode (the same ope
 stages), PETRA recomputing (the paper), PETRA with the graphs that fit a memory budget halfway between that and
 every graph kept (`memory_budget`), PETRA keeping the graphs of the stages that store their input (`keep_graphs`:
 stem and downsampling blocks), and PETRA keeping every stage's graph (the reversible ones then skip their
-reconstruction). Memory: the activation and weight-copy
-bytes the stages hold between ticks (`Pipeline.memory()`), the largest seen, and the largest total the stages held
-after any of their operations within a tick (`peak_bytes`, gradients and waiting messages included). Beside each
-time, the process's minor page faults per micro-batch: with glibc's adaptive thresholds a loop whose freed memory
-goes back to the kernel pays to fault it in again, which depends on the order of its allocations and frees.
-`--tuned-malloc` runs it all again in a fresh process with fixed thresholds (`STABLE_MALLOC_ENV`), where nothing
-goes back: the difference between the two runs is the allocator's share. Discussion: docs/benchmarks-throughput.md.
+reconstruction). Memory: the activation and weight-copy bytes the stages hold between ticks (`Pipeline.memory()`),
+the largest seen, and the largest total the stages held after any of their operations within a tick (`peak_bytes`,
+gradients and waiting messages included). Beside each time, the process's minor page faults per micro-batch: with
+glibc's adaptive thresholds a loop whose freed memory goes back to the kernel pays to fault it in again, which
+depends on the order of its allocations and frees. `--tuned-malloc` runs it all again in a fresh process with fixed
+thresholds (`STABLE_MALLOC_ENV`), where nothing goes back: the difference between the two runs is the allocator's
+share. Discussion: docs/benchmarks-throughput.md.
 """
 
 from __future__ import annotations

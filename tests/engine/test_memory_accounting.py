@@ -179,9 +179,9 @@ def test_a_kept_graph_frees_what_it_saved_as_its_backward_goes(mode, options):
     assert stage.released == [True, True, True]
 
 
-def test_a_kept_graph_is_counted_as_its_own_shape_saves_it_when_micro_batch_sizes_change():
-    """A kept graph's bytes are measured once per input shape and reused: after micro-batches of 4, 2 and 4 samples,
-    the stage holds what `graph_bytes` (a fresh count of each graph, with its inputs) gives for each in flight."""
+def test_kept_graphs_are_counted_by_their_own_shape_when_micro_batch_sizes_change():
+    """A kept graph's bytes are measured once per input shape and reused: with micro-batches of 4 and of 2 samples in
+    flight, the stage holds what `graph_bytes` (a fresh count of each graph, with its inputs) gives for each."""
     model = small_model("revnet18", dtype=torch.float32)
     stages = model.get_stages()
     pipeline = Pipeline(stages, F.cross_entropy, mode="petra", memory=MemoryOptions(keep_graphs=[0]))
