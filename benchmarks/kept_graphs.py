@@ -46,6 +46,7 @@ from common import progress, sgd, tensors_of  # noqa: E402
 from common import random_batches, results_path, revnet_config, write_results  # noqa: E402
 from petra_hub.engine import MemoryOptions, Mode  # noqa: E402
 from petra_hub.engine.graph_budget import keepable_stages, recomputing_stages  # noqa: E402
+from petra_hub.engine.tensors import detached  # noqa: E402
 from petra_hub.testing.models import QUICK_WIDTH, RECIPE_WIDTH  # noqa: E402
 
 METHODS = ("plain", "plain_second_forward", "plain_staged", "backprop", "petra", "petra_budget", "petra_kept",
@@ -105,11 +106,8 @@ class StagedLoop(PlainLoop):
     def step(self, images, labels):
         inputs, outputs = [images], [self.stages[0](images)]
         for stage in self.stages[1:]:
-            value = outputs[-1]
-            value = tuple(t.detach().requires_grad_() for t in value) if isinstance(value, tuple) else \
-                value.detach().requires_grad_()
-            inputs.append(value)
-            outputs.append(stage(value))
+            inputs.append(detached(outputs[-1], requires_grad=True))
+            outputs.append(stage(inputs[-1]))
         cross_entropy(outputs[-1], labels).backward()
         for index in range(len(self.stages) - 2, -1, -1):
             torch.autograd.backward(tensors_of(outputs[index]), [t.grad for t in tensors_of(inputs[index + 1])])
