@@ -163,6 +163,10 @@ def test_model_picks_the_family_and_shapes_it_to_the_data():
     assert model.config.drop_path_rate == 0.1 and config.drop_path_rate == 0.0  # the preset's default: none
     rates = [module.drop_path for module in model.modules() if hasattr(module, "drop_path")]
     assert len(rates) == 12 and rates[0] == 0.0 and rates[-1] == pytest.approx(0.1)  # one per block, linear
+    assert config.qk_norm is False  # the preset's: none
+    model_args, *_ = recipe.parse(["--model", "revvit-tiny", "--qk_norm", "true"])
+    model = recipe.build_model(model_args, digits)
+    assert model.config.qk_norm is True and len([m for m in model.modules() if hasattr(m, "query_norm")]) == 12
 
 
 def test_flags_that_would_shape_no_model_are_refused():
@@ -173,6 +177,8 @@ def test_flags_that_would_shape_no_model_are_refused():
         recipe.parse(["--patch_size", "4"])
     with pytest.raises(ValueError, match=r"--drop_path_rate shapes RevViT models, not --model revnet18 \(RevNet\)"):
         recipe.parse(["--drop_path_rate", "0.1"])
+    with pytest.raises(ValueError, match=r"--qk_norm shapes RevViT models, not --model revnet18 \(RevNet\)"):
+        recipe.parse(["--qk_norm", "true"])
     with pytest.raises(ValueError, match="--stem shapes a new model, but --model_name_or_path 'some/folder' brings"):
         recipe.parse(["--model_name_or_path", "some/folder", "--stem", "cifar"])
     with pytest.raises(ValueError, match="--model shapes a new model"):

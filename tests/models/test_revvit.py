@@ -37,6 +37,18 @@ class TestRevViTStagesWithLayerScale(ReversibleStageContract):
         return reversible_stage_cases(model.get_stages(), images())
 
 
+class TestRevViTStagesWithQKNorm(ReversibleStageContract):
+    """The query and key norms sit inside F: the fused backward must give their weights autograd's gradient."""
+
+    @pytest.fixture
+    def stage_cases(self):
+        model = small_revvit(qk_norm=True).train()
+        for name, parameter in model.named_parameters():  # off their initial ones and zeros, so that they count
+            if "query_norm" in name or "key_norm" in name:
+                parameter.data.add_(0.1 * torch.randn_like(parameter))
+        return reversible_stage_cases(model.get_stages(), images())
+
+
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_stages_in_order_are_the_model_and_the_layout(preset):
     model = small_revvit(preset).eval()
@@ -233,3 +245,31 @@ def test_layer_scale_is_off_by_default_and_when_on_starts_each_branch_at_its_gai
         assert torch.allclose(y2, x2 + 1e-3 * block.mlp(y1), atol=1e-7)
     with pytest.raises(ValueError, match="layer_scale_init_value must be a positive number or None"):
         RevViTConfig(**base, layer_scale_init_value=0.0)
+
+
+def test_qk_norm_normalises_each_head_s_queries_and_keys_and_changes_nothing_else():
+    """With qk_norm each head's queries and keys go through their own LayerNorm before the scaled dot products
+    (written out here in float64 against torch's attention kernel); the other weights are drawn as without it."""
+    base = dict(image_size=16, patch_size=4, hidden_size=24, num_hidden_layers=2, num_attention_heads=3, num_labels=3)
+    torch.manual_seed(0)
+    plain = RevViTForImageClassification(RevViTConfig(**base))
+    torch.manual_seed(0)
+    normed = RevViTForImageClassification(RevViTConfig(**base, qk_norm=True)).double()
+    extra = set(normed.state_dict()) - set(plain.state_dict())
+    assert extra == {f"revvit.encoder.{i}.attention.{name}" for i in range(2)
+                     for name in ("query_norm.weight", "query_norm.bias", "key_norm.weight")}
+    assert all(torch.equal(plain.state_dict()[name].double(), normed.state_dict()[name]) for name in plain.state_dict())
+    attention = normed.revvit.encoder[0].attention
+    with torch.no_grad():
+        for norm in (attention.query_norm, attention.key_norm):
+            norm.weight.add_(torch.randn_like(norm.weight))
+        attention.query_norm.bias.add_(torch.randn_like(attention.query_norm.bias))
+    x = torch.randn(2, 16, 24, dtype=torch.float64)
+    q, k, v = (attention.qkv(attention.norm(x)).view(2, 16, 3, 3, 8).permute(2, 0, 3, 1, 4)).unbind(0)
+    q = F.layer_norm(q, (8,), attention.query_norm.weight, attention.query_norm.bias, 1e-6)
+    k = F.layer_norm(k, (8,), attention.key_norm.weight, None, 1e-6)
+    mixed = torch.softmax(q @ k.transpose(-1, -2) / 8 ** 0.5, dim=-1) @ v
+    expected = attention.projection(mixed.transpose(1, 2).reshape(2, 16, 24))
+    assert torch.allclose(attention(x), expected, atol=1e-12)
+    with pytest.raises(ValueError, match="qk_norm must be True or False"):
+        RevViTConfig(**base, qk_norm="yes")

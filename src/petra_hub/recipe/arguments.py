@@ -62,6 +62,10 @@ class ModelArguments:
                                         "learned per-channel gain starting at this value (e.g. 1e-4); default: the "
                                         "preset's none"}
     )
+    qk_norm: bool | None = field(
+        default=None, metadata={"help": "RevViT: a LayerNorm per attention head on queries and keys; default: the "
+                                        "preset's none"}
+    )
     drop_path_rate: float | None = field(
         default=None, metadata={"help": "RevViT: stochastic depth, the last block's drop probability (rising "
                                         "linearly from 0 at the first); default: the preset's 0"}

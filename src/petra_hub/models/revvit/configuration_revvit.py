@@ -84,6 +84,9 @@ class RevViTConfig(CheckedNumLabelsMixin, PretrainedConfig):
             multiplied per channel by a learned gain starting at this value (small, e.g. 1e-4: each block starts near
             the identity, and an update moves the stages after it less, which is what makes a delayed gradient
             stale); None: no gain (the RevViT paper's blocks).
+        qk_norm: a LayerNorm over each attention head's queries and keys before their dot products (Dehghani et
+            al., ViT-22B, 2023; Wortsman et al., 2023): bounds the attention logits; False: none (the RevViT paper's
+            blocks).
         layer_norm_eps: epsilon of the layer norms.
         preset: the paper model this configuration started from (set by `from_preset`).
     """
@@ -102,6 +105,7 @@ class RevViTConfig(CheckedNumLabelsMixin, PretrainedConfig):
         hidden_dropout_prob: float = 0.0,
         drop_path_rate: float = 0.0,
         layer_scale_init_value: float | None = None,
+        qk_norm: bool = False,
         layer_norm_eps: float = 1e-6,
         initializer_range: float = 0.02,
         preset: str | None = None,
@@ -118,6 +122,7 @@ class RevViTConfig(CheckedNumLabelsMixin, PretrainedConfig):
         self.hidden_dropout_prob = hidden_dropout_prob
         self.drop_path_rate = drop_path_rate
         self.layer_scale_init_value = layer_scale_init_value
+        self.qk_norm = qk_norm
         self.layer_norm_eps = layer_norm_eps
         self.initializer_range = initializer_range
         self.preset = preset
@@ -194,6 +199,7 @@ class RevViTConfig(CheckedNumLabelsMixin, PretrainedConfig):
                                                        and self.layer_scale_init_value > 0),
               f"layer_scale_init_value must be a positive number or None (no LayerScale), got "
               f"{self.layer_scale_init_value!r}")
+        check(isinstance(self.qk_norm, bool), f"qk_norm must be True or False, got {self.qk_norm!r}")
         for name in ("hidden_dropout_prob", "drop_path_rate"):
             value = getattr(self, name)
             check(is_real(value) and 0.0 <= value < 1.0, f"{name} must lie in [0, 1), got {value!r}")

@@ -36,9 +36,10 @@ CITATION = "\n".join([
 
 def shape_config(preset: str, flags: Mapping[str, Any], data: DataShape) -> RevViTConfig:
     """The recipe's RevViT: image_size is the data's; --patch_size (default: 4 pixels for small images, else the
-    preset's), --drop_path_rate and --layer_scale_init_value (default: the preset's) shape it."""
+    preset's), --drop_path_rate, --layer_scale_init_value and --qk_norm (default: the preset's) shape it."""
     patch = flags["patch_size"] or (SMALL_PATCH if data.image_size < SMALL_IMAGES else RevViTConfig().patch_size)
-    overrides = {name: flags[name] for name in ("drop_path_rate", "layer_scale_init_value") if flags[name] is not None}
+    overrides = {name: flags[name] for name in ("drop_path_rate", "layer_scale_init_value", "qk_norm")
+                 if flags[name] is not None}
     return RevViTConfig.from_preset(preset, image_size=data.image_size, patch_size=patch,
                                     num_channels=data.num_channels, **overrides)
 
@@ -61,6 +62,8 @@ def architecture(config: RevViTConfig | None, preset: str | None) -> tuple[str, 
     )
     if source.layer_scale_init_value:
         description += f", LayerScale from {source.layer_scale_init_value:g}"
+    if source.qk_norm:
+        description += ", queries and keys normalised per head"
     return name, (f"{name} ({key}): {description}" if name in SHORT_NAMES.values() else description)
 
 
@@ -73,7 +76,7 @@ REVVIT = register_family(ModelFamily(
     presets=PRESETS,
     canonical_preset=canonical_preset,
     shape_config=shape_config,
-    recipe_flags=("patch_size", "drop_path_rate", "layer_scale_init_value"),
+    recipe_flags=("patch_size", "drop_path_rate", "layer_scale_init_value", "qk_norm"),
     recipe_defaults=RECIPE_DEFAULTS,
     delayed_recipe_defaults=DELAYED_RECIPE_DEFAULTS,
     architecture=architecture,

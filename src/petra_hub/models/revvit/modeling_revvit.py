@@ -63,11 +63,21 @@ class Attention(nn.Module):
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
         self.projection = nn.Linear(config.hidden_size, config.hidden_size)
+        head_size = config.hidden_size // config.num_attention_heads
+        if config.qk_norm:  # a LayerNorm per head on queries and keys bounds the attention logits
+            self.query_norm = nn.LayerNorm(head_size, eps=config.layer_norm_eps)
+            # no bias: a shift shared by every key moves all of a query's logits alike, which the softmax ignores
+            self.key_norm = nn.LayerNorm(head_size, eps=config.layer_norm_eps, bias=False)
+        else:
+            self.query_norm = self.key_norm = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, tokens, width = x.shape
         qkv = self.qkv(self.norm(x)).view(batch, tokens, 3, self.heads, width // self.heads).permute(2, 0, 3, 1, 4)
-        attended = functional.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])
+        query, key, value = qkv.unbind(0)
+        if self.query_norm is not None:
+            query, key = self.query_norm(query), self.key_norm(key)
+        attended = functional.scaled_dot_product_attention(query, key, value)
         return self.projection(attended.transpose(1, 2).reshape(batch, tokens, width))
 
 
@@ -210,7 +220,8 @@ class RevViTPreTrainedModel(CheckedLoadingMixin, PreTrainedModel):
                 init.zeros_(module.bias)
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
-            init.zeros_(module.bias)
+            if module.bias is not None:
+                init.zeros_(module.bias)
         elif isinstance(module, RevViTEmbeddings):
             init.trunc_normal_(module.position_embeddings, std=self.config.initializer_range)
         elif isinstance(module, ReversibleViTBlock) and module.attention_scale is not None:
