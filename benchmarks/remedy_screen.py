@@ -12,8 +12,8 @@ configuration (`petra-k1+delay-scaled+layerscale`), the seed, the epochs, and re
 win (`--learning_rate 2e-3 --petra_num_stages 8`); `#` starts a comment. Every run is one process of one thread,
 with the gradient fidelity probed every `--fidelity-every` steps. A setting is (model, configuration, epochs,
 stages, flags); its row holds the seeds' accuracies, mean and mean cosine to the end-to-end gradient, and, where
-the plan has the baseline setting (`--baseline NAME`'s, with no flags: backprop at the same stages) for the same
-seeds, the paired gap.
+the plan has the baseline setting (`--baseline`: a configuration and its flags, if any, as in the plan; backprop at
+the same stages) for the same seeds, the paired gap.
 """
 
 from __future__ import annotations
@@ -110,7 +110,14 @@ def setting_of(record: dict) -> tuple:
     return record["model"], record["config"], record["epochs"], record["num_stages"], " ".join(flags)
 
 
+def split_baseline(baseline: str) -> tuple[str, str]:
+    """`--baseline`'s configuration and flags: 'backprop+layerscale --qk_norm true' -> the two, as rows hold them."""
+    config, *flags = shlex.split(baseline)
+    return config, " ".join(flags)
+
+
 def summarise(records: list[dict], baseline: str) -> list[dict]:
+    base_config, base_flags = split_baseline(baseline)
     settings: dict[tuple, list[dict]] = {}
     for record in records:
         settings.setdefault(setting_of(record), []).append(record)
@@ -123,9 +130,9 @@ def summarise(records: list[dict], baseline: str) -> list[dict]:
                "std": statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0,
                "cosine_true_mean": statistics.fmean(cosines) if cosines else None}
         base = {r["seed"]: r["test_accuracy"] for key, rs in settings.items() for r in rs
-                if key == (model, baseline, epochs, stages, "")}
+                if key == (model, base_config, epochs, stages, base_flags)}
         paired = [r["test_accuracy"] - base[r["seed"]] for r in group if r["seed"] in base]
-        if paired and (config, flags) != (baseline, ""):
+        if paired and (config, flags) != (base_config, base_flags):
             row["gap_mean"] = statistics.fmean(paired)
             row["gap_std"] = statistics.stdev(paired) if len(paired) > 1 else 0.0
             row["gap_seeds"] = [r["seed"] for r in group if r["seed"] in base]
@@ -148,7 +155,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs at once (default: the CPUs)")
     parser.add_argument("--fidelity-every", type=int, default=30, help="probe every this many steps (default 30)")
     parser.add_argument("--baseline", default="backprop+layerscale",
-                        help="the configuration gaps are paired against (default backprop+layerscale)")
+                        help="the setting gaps are paired against: a configuration, and the recipe flags its plan "
+                             "lines give, if any (default backprop+layerscale)")
     parser.add_argument("--gather", type=Path, nargs="+", default=None,
                         help="read the per-line JSONs of runs made elsewhere instead of running the plan")
     parser.add_argument("--merge", type=Path, nargs="+", default=None,

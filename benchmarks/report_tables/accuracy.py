@@ -89,8 +89,8 @@ def remedy_screen_main(r, arg=None):
     baseline = r["settings"]["baseline"]
     rows = []
     for s in r["rows"]:
-        gap = f"{s['gap_mean']:+.2f}" if "gap_mean" in s else ("(reference)" if s["config"] == baseline
-                                                                 and not s["flags"] else "n/a")
+        gap = f"{s['gap_mean']:+.2f}" if "gap_mean" in s else (
+            "(reference)" if f"{s['config']} {s['flags']}".strip() == baseline else "n/a")
         cosine = "n/a" if s["cosine_true_mean"] is None else f"{s['cosine_true_mean']:.3f}"
         rows.append([s["config"], s["stages"], f"`{s['flags']}`" if s["flags"] else "", f"{s['epochs']:g}",
                      ", ".join(f"{seed}: {a:.2f}" for seed, a in zip(s["seeds"], s["accuracies"])), f"{s['mean']:.2f}",

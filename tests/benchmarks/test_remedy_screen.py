@@ -61,6 +61,11 @@ def test_a_merge_takes_runs_from_earlier_screens_and_refuses_one_that_ran_otherw
                           str(tmp_path / "merged.json")])
     rows = {row["config"]: row for row in result["rows"]}
     assert rows["petra-k1"]["gap_mean"] == -5.0 and rows["petra-k2"]["gap_mean"] == -2.0  # the first screen's p
+    flagged = screen.main([str(plan), "--merge", str(first), str(second), "--baseline", "petra-k2 --x 1", "--out",
+                           str(tmp_path / "flagged.json")])  # a baseline with its flags
+    rows = {row["config"]: row for row in flagged["rows"]}
+    assert rows["backprop"]["gap_mean"] == 2.0 and rows["petra-k1"]["gap_mean"] == -3.0
+    assert "gap_mean" not in rows["petra-k2"]
     plan.write_text("q revnet18 petra-k2 0 1 --x 2\n")
     with pytest.raises(ValueError, match="run 'q' differs from the plan in recipe_args"):
         screen.main([str(plan), "--merge", str(second), "--out", str(tmp_path / "refused.json")])
