@@ -273,3 +273,15 @@ def test_qk_norm_normalises_each_head_s_queries_and_keys_and_changes_nothing_els
     assert torch.allclose(attention(x), expected, atol=1e-12)
     with pytest.raises(ValueError, match="qk_norm must be True or False"):
         RevViTConfig(**base, qk_norm="yes")
+
+
+def test_the_card_s_description_names_qk_norm_and_layer_scale_where_the_model_has_them():
+    from petra_hub.models.revvit.family import architecture
+
+    plain = RevViTConfig.from_preset("revvit-tiny", image_size=16, patch_size=4)
+    name, description = architecture(plain, "revvit-tiny")
+    assert name == "RevViT-Ti" and "normalised" not in description and "LayerScale" not in description
+    both = RevViTConfig.from_preset("revvit-tiny", image_size=16, patch_size=4, qk_norm=True,
+                                    layer_scale_init_value=1e-4)
+    _, description = architecture(both, "revvit-tiny")
+    assert description.endswith("LayerScale from 0.0001, queries and keys normalised per head")
