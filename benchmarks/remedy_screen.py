@@ -116,8 +116,8 @@ def split_baseline(baseline: str) -> tuple[str, str]:
     return config, " ".join(flags)
 
 
-def summarise(records: list[dict], baseline: str) -> list[dict]:
-    base_config, base_flags = split_baseline(baseline)
+def summarise(records: list[dict], base_config: str, base_flags: str = "") -> list[dict]:
+    """One row per setting; gaps paired by seed with the setting (base_config, base_flags) at the same stages."""
     settings: dict[tuple, list[dict]] = {}
     for record in records:
         settings.setdefault(setting_of(record), []).append(record)
@@ -174,14 +174,16 @@ def main(argv=None) -> dict:
             with ThreadPoolExecutor(max_workers=args.jobs) as pool:
                 list(pool.map(lambda line: run_line(line, Path(folder), args.fidelity_every), plan))
             records = gather(plan, [Path(folder)])
-    rows = summarise(records, args.baseline)
+    base_config, base_flags = split_baseline(args.baseline)
+    baseline = f"{base_config} {base_flags}".strip()  # as the rows write a setting, for the report's tables
+    rows = summarise(records, base_config, base_flags)
     for row in rows:
         gap = f", gap {row['gap_mean']:+.2f}" if "gap_mean" in row else ""
         progress(f"{row['config']} J={row['stages']} {row['flags'] or '-'}: {row['mean']:.2f} % over seeds "
                  f"{row['seeds']}{gap}")
     if args.plot is not None:
-        plot_against_depth(rows, args.plot, f"{args.plan.stem}: the gap against depth", args.baseline)
-    settings = {"plan": str(args.plan), "fidelity_every": args.fidelity_every, "baseline": args.baseline,
+        plot_against_depth(rows, args.plot, f"{args.plan.stem}: the gap against depth", baseline)
+    settings = {"plan": str(args.plan), "fidelity_every": args.fidelity_every, "baseline": baseline,
                 "gathered_from": [str(path) for path in args.gather or args.merge or []] or None}
     return write_results(results_path(args.out, "remedy_screen", False), "remedy_screen", "remedy_screen.py", argv,
                          settings, runs=records, rows=rows)

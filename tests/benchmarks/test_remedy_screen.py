@@ -61,8 +61,9 @@ def test_a_merge_takes_runs_from_earlier_screens_and_refuses_one_that_ran_otherw
                           str(tmp_path / "merged.json")])
     rows = {row["config"]: row for row in result["rows"]}
     assert rows["petra-k1"]["gap_mean"] == -5.0 and rows["petra-k2"]["gap_mean"] == -2.0  # the first screen's p
-    flagged = screen.main([str(plan), "--merge", str(first), str(second), "--baseline", "petra-k2 --x 1", "--out",
-                           str(tmp_path / "flagged.json")])  # a baseline with its flags
+    flagged = screen.main([str(plan), "--merge", str(first), str(second), "--baseline", " petra-k2  --x '1'",
+                           "--out", str(tmp_path / "flagged.json")])  # a baseline with its flags, spelt loosely
+    assert flagged["settings"]["baseline"] == "petra-k2 --x 1"  # as the rows spell it, for the report's tables
     rows = {row["config"]: row for row in flagged["rows"]}
     assert rows["backprop"]["gap_mean"] == 2.0 and rows["petra-k1"]["gap_mean"] == -3.0
     assert "gap_mean" not in rows["petra-k2"]
