@@ -26,7 +26,7 @@ setup(
         "pillow",
     ],
     extras_require={
-        "test": ["pytest>=8", "matplotlib>=3.7", "tensorboard>=2.14", "ruff>=0.6"],
+        "test": ["pytest>=8", "pytest-xdist>=3", "matplotlib>=3.7", "tensorboard>=2.14", "ruff>=0.6"],
         "plots": ["matplotlib>=3.7"],
         "tensorboard": ["tensorboard>=2.14"],
     },
