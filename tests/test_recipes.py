@@ -167,6 +167,10 @@ def test_model_picks_the_family_and_shapes_it_to_the_data():
     model_args, *_ = recipe.parse(["--model", "revvit-tiny", "--qk_norm", "true"])
     model = recipe.build_model(model_args, digits)
     assert model.config.qk_norm is True and len([m for m in model.modules() if hasattr(m, "query_norm")]) == 12
+    assert config.conv_stem is False  # the preset's: the patchify convolution
+    model_args, *_ = recipe.parse(["--model", "revvit-tiny", "--conv_stem", "true"])
+    model = recipe.build_model(model_args, digits)
+    assert model.config.conv_stem is True and isinstance(model.revvit.embeddings.patches, torch.nn.Sequential)
 
 
 def test_flags_that_would_shape_no_model_are_refused():
@@ -179,6 +183,8 @@ def test_flags_that_would_shape_no_model_are_refused():
         recipe.parse(["--drop_path_rate", "0.1"])
     with pytest.raises(ValueError, match=r"--qk_norm shapes RevViT models, not --model revnet18 \(RevNet\)"):
         recipe.parse(["--qk_norm", "true"])
+    with pytest.raises(ValueError, match=r"--conv_stem shapes RevViT models, not --model revnet18 \(RevNet\)"):
+        recipe.parse(["--conv_stem", "true"])
     with pytest.raises(ValueError, match="--stem shapes a new model, but --model_name_or_path 'some/folder' brings"):
         recipe.parse(["--model_name_or_path", "some/folder", "--stem", "cifar"])
     with pytest.raises(ValueError, match="--model shapes a new model"):

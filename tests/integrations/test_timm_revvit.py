@@ -207,3 +207,15 @@ def test_pretrained_from_other_checkpoints(tmp_path, layout):
     assert torch.equal(model.forward_features(x), reference.forward_features(x))
     if layout == "timm":
         assert torch.equal(model(x), reference(x))
+
+
+def test_pretrained_with_the_convolutional_stem_takes_its_input_channels_from_the_file(tmp_path):
+    """A one-channel model with the convolutional stem: timm reads the channels from the stem's first convolution,
+    as from the patchify one, and the loaded model equals the saved one."""
+    reference = small_revvit("revvit_tiny", dtype=torch.float32, num_channels=1, conv_stem=True, **SMALL).eval()
+    reference.save_pretrained(tmp_path)
+    model = timm.create_model("revvit_tiny", pretrained=True, conv_stem=True,
+                              pretrained_cfg_overlay=dict(file=str(tmp_path / "model.safetensors")), **SMALL).eval()
+    assert model.pretrained_cfg["input_size"][0] == 1
+    x = torch.randn(2, 1, 16, 16)
+    assert torch.equal(model(x), reference(x).logits)

@@ -87,18 +87,19 @@ def test_dropout_and_stochastic_depth_replay_in_any_order():
     torch.random.set_rng_state(other)
 
 
-@pytest.mark.parametrize("mode", [Mode.PETRA, Mode.REVERSIBLE_BACKPROP])
-def test_petra_gradients_at_frozen_weights_are_autograds(mode):
-    model = small_revvit("revvit-tiny", num_hidden_layers=4)
+@pytest.mark.parametrize("mode,conv_stem", [(Mode.PETRA, False), (Mode.REVERSIBLE_BACKPROP, False),
+                                            (Mode.PETRA, True)])
+def test_petra_gradients_at_frozen_weights_are_autograds(mode, conv_stem):
+    model = small_revvit("revvit-tiny", num_hidden_layers=4, conv_stem=conv_stem)
     labels = [torch.randint(0, 10, (4,), generator=torch.Generator().manual_seed(i)) for i in range(5)]
     batches = [(images(seed=10 + i), labels[i]) for i in range(5)]
     assert_frozen_weights_give_the_backprop_gradient(model, batches, mode)
 
 
-def _two_processes(rank, world_size):
+def _two_processes(rank, world_size, conv_stem=False):
     # no dropout: each process draws masks from its own generator, so random stages train reproducibly for one
     # placement but differently across placements (docs/engine.md, randomness)
-    model = small_revvit("revvit-tiny", dtype=torch.float32, seed=4)
+    model = small_revvit("revvit-tiny", dtype=torch.float32, seed=4, conv_stem=conv_stem)
     model.train()
     pipeline = Pipeline(model.get_stages(), F.cross_entropy, timeout=60,
                         optimizer_factory=lambda i, stage: torch.optim.SGD(stage.parameters(), lr=0.05))
@@ -110,10 +111,12 @@ def _two_processes(rank, world_size):
     return {k: v.clone() for k, v in model.state_dict().items()} if rank == 0 else None
 
 
-def test_two_processes_train_what_one_process_trains(tmp_path):
+@pytest.mark.parametrize("conv_stem", [False, True])
+def test_two_processes_train_what_one_process_trains(tmp_path, conv_stem):
+    """With the convolutional stem too: its BatchNorm's running statistics are state a process must train alike."""
     torch.set_num_threads(1)
-    expected = _two_processes(0, 1)
-    outcome, codes, _ = run_ranks(_two_processes, 2, out_dir=tmp_path, deadline=150)
+    expected = _two_processes(0, 1, conv_stem)
+    outcome, codes, _ = run_ranks(_two_processes, 2, conv_stem, out_dir=tmp_path, deadline=150)
     assert codes == [0, 0], [r and r.get("traceback") for r in outcome]
     state = outcome[0]["value"]
     assert all(torch.equal(state[name], value) for name, value in expected.items())
@@ -275,7 +278,7 @@ def test_qk_norm_normalises_each_head_s_queries_and_keys_and_changes_nothing_els
         RevViTConfig(**base, qk_norm="yes")
 
 
-def test_the_card_s_description_names_qk_norm_and_layer_scale_where_the_model_has_them():
+def test_the_card_s_description_names_qk_norm_layer_scale_and_the_stem_where_the_model_has_them():
     from petra_hub.models.revvit.family import architecture
 
     plain = RevViTConfig.from_preset("revvit-tiny", image_size=16, patch_size=4)
@@ -285,3 +288,46 @@ def test_the_card_s_description_names_qk_norm_and_layer_scale_where_the_model_ha
                                     layer_scale_init_value=1e-4)
     _, description = architecture(both, "revvit-tiny")
     assert description.endswith("LayerScale from 0.0001, queries and keys normalised per head")
+    assert "stem" not in description
+    _, description = architecture(RevViTConfig.from_preset("revvit-tiny", image_size=16, patch_size=4,
+                                                           conv_stem=True), "revvit-tiny")
+    assert description.endswith("(16 tokens), a convolutional stem")
+
+
+def test_the_convolutional_stem_is_a_stack_of_strided_convolutions_giving_the_patchify_grid():
+    """Two 3x3 convolutions of stride 2 (patch 4) with BatchNorm and ReLU, widths doubling to hidden_size, then a 1x1
+    convolution, written out here in float64 with torch's functional ops; He-initialised; the same tokens' shape
+    as the patchify convolution; bad shapes refused by name."""
+    base = dict(image_size=16, patch_size=4, hidden_size=24, num_hidden_layers=2, num_attention_heads=3, num_labels=3)
+    model = RevViTForImageClassification(RevViTConfig(**base, conv_stem=True)).double().train()
+    embeddings = model.revvit.embeddings
+    convolutions = [m for m in embeddings.patches if isinstance(m, torch.nn.Conv2d)]
+    norms = [m for m in embeddings.patches if isinstance(m, torch.nn.BatchNorm2d)]
+    assert [(c.in_channels, c.out_channels, c.kernel_size, c.stride) for c in convolutions] == [
+        (3, 12, (3, 3), (2, 2)), (12, 24, (3, 3), (2, 2)), (24, 24, (1, 1), (1, 1))]
+    for convolution in convolutions:  # He: std sqrt(2 / fan_out), against the transformer's 0.02
+        fan_out = convolution.out_channels * convolution.kernel_size[0] * convolution.kernel_size[1]
+        assert float(convolution.weight.detach().std()) == pytest.approx((2 / fan_out) ** 0.5, rel=0.2)
+    with torch.no_grad():
+        for norm in norms:  # off their initial ones and zeros, so that they count
+            norm.weight.add_(0.3 * torch.randn_like(norm.weight))
+            norm.bias.add_(0.3 * torch.randn_like(norm.bias))
+    x = images()
+    value = x
+    for convolution, norm in zip(convolutions, norms):
+        value = F.conv2d(value, convolution.weight, stride=2, padding=1)
+        value = F.relu(F.batch_norm(value, None, None, norm.weight, norm.bias, training=True, eps=norm.eps))
+    value = F.conv2d(value, convolutions[2].weight, convolutions[2].bias)
+    expected = value.flatten(2).transpose(1, 2) + embeddings.position_embeddings
+    with torch.no_grad():
+        tokens, other = embeddings(x)
+    assert tokens.shape == (4, 16, 24) and torch.equal(tokens, other)
+    assert torch.allclose(tokens, expected, atol=1e-12)
+    plain = RevViTForImageClassification(RevViTConfig(**base)).double()
+    assert plain.revvit.embeddings(x)[0].shape == tokens.shape
+    with pytest.raises(ValueError, match="conv_stem=True needs a patch_size that is a power of two"):
+        RevViTConfig(**{**base, "image_size": 18, "patch_size": 6}, conv_stem=True)
+    with pytest.raises(ValueError, match=r"conv_stem=True needs hidden_size divisible by patch_size // 2 = 4"):
+        RevViTConfig(**{**base, "patch_size": 8, "hidden_size": 18}, conv_stem=True)
+    with pytest.raises(ValueError, match="conv_stem must be True or False"):
+        RevViTConfig(**base, conv_stem="yes")

@@ -182,13 +182,13 @@ def classifier_width(path: str) -> int | None:
 
 
 def first_conv_channels(path: str) -> int | None:
-    """Input channels of the first convolution (RevNet stem, RevViT patch embedding) stored in a safetensors file,
-    if it is one and holds that convolution."""
+    """Input channels of the first convolution (RevNet stem, RevViT patch embedding or convolutional stem) stored in
+    a safetensors file, if it is one and holds that convolution."""
     if not str(path).endswith(".safetensors"):
         return None
     with safe_open(path, framework="pt") as handle:
         for key in handle.keys():
-            if key.endswith(("embedder.layers.0.weight", "embeddings.patches.weight")):
+            if key.endswith(("embedder.layers.0.weight", "embeddings.patches.weight", "embeddings.patches.0.weight")):
                 return int(handle.get_slice(key).get_shape()[1])
     return None
 

@@ -66,6 +66,11 @@ class ModelArguments:
         default=None, metadata={"help": "RevViT: a LayerNorm per attention head on queries and keys; default: the "
                                         "preset's none"}
     )
+    conv_stem: bool | None = field(
+        default=None, metadata={"help": "RevViT: a convolutional stem (3x3 convolutions of stride 2 with BatchNorm "
+                                        "and ReLU, then a 1x1) in place of the patchify convolution; default: the "
+                                        "preset's patchify"}
+    )
     drop_path_rate: float | None = field(
         default=None, metadata={"help": "RevViT: stochastic depth, the last block's drop probability (rising "
                                         "linearly from 0 at the first); default: the preset's 0"}

@@ -87,6 +87,10 @@ class RevViTConfig(CheckedNumLabelsMixin, PretrainedConfig):
         qk_norm: a LayerNorm over each attention head's queries and keys before their dot products (Dehghani et
             al., ViT-22B, 2023; Wortsman et al., 2023): bounds the attention logits; False: none (the RevViT paper's
             blocks).
+        conv_stem: a convolutional stem in place of the patchify convolution (Xiao et al., "Early convolutions help
+            transformers see better", 2021): log2(patch_size) 3x3 convolutions of stride 2 with BatchNorm and ReLU,
+            then a 1x1 convolution, giving the same tokens; needs a power-of-two patch_size and a hidden_size
+            divisible by half of it. False: the patchify convolution (the RevViT paper's).
         layer_norm_eps: epsilon of the layer norms.
         preset: the paper model this configuration started from (set by `from_preset`).
     """
@@ -106,6 +110,7 @@ class RevViTConfig(CheckedNumLabelsMixin, PretrainedConfig):
         drop_path_rate: float = 0.0,
         layer_scale_init_value: float | None = None,
         qk_norm: bool = False,
+        conv_stem: bool = False,
         layer_norm_eps: float = 1e-6,
         initializer_range: float = 0.02,
         preset: str | None = None,
@@ -123,6 +128,7 @@ class RevViTConfig(CheckedNumLabelsMixin, PretrainedConfig):
         self.drop_path_rate = drop_path_rate
         self.layer_scale_init_value = layer_scale_init_value
         self.qk_norm = qk_norm
+        self.conv_stem = conv_stem
         self.layer_norm_eps = layer_norm_eps
         self.initializer_range = initializer_range
         self.preset = preset
@@ -200,6 +206,15 @@ class RevViTConfig(CheckedNumLabelsMixin, PretrainedConfig):
               f"layer_scale_init_value must be a positive number or None (no LayerScale), got "
               f"{self.layer_scale_init_value!r}")
         check(isinstance(self.qk_norm, bool), f"qk_norm must be True or False, got {self.qk_norm!r}")
+        check(isinstance(self.conv_stem, bool), f"conv_stem must be True or False, got {self.conv_stem!r}")
+        if self.conv_stem:
+            halving = self.patch_size // 2
+            check(self.patch_size >= 2 and self.patch_size & (self.patch_size - 1) == 0,
+                  f"conv_stem=True needs a patch_size that is a power of two (each of its convolutions halves the "
+                  f"image), got patch_size {self.patch_size}")
+            check(self.hidden_size % halving == 0,
+                  f"conv_stem=True needs hidden_size divisible by patch_size // 2 = {halving} (the stem's widths "
+                  f"double up to hidden_size), got hidden_size {self.hidden_size}")
         for name in ("hidden_dropout_prob", "drop_path_rate"):
             value = getattr(self, name)
             check(is_real(value) and 0.0 <= value < 1.0, f"{name} must lie in [0, 1), got {value!r}")

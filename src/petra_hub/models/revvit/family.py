@@ -36,9 +36,10 @@ CITATION = "\n".join([
 
 def shape_config(preset: str, flags: Mapping[str, Any], data: DataShape) -> RevViTConfig:
     """The recipe's RevViT: image_size is the data's; --patch_size (default: 4 pixels for small images, else the
-    preset's), --drop_path_rate, --layer_scale_init_value and --qk_norm (default: the preset's) shape it."""
+    preset's), --drop_path_rate, --layer_scale_init_value, --qk_norm and --conv_stem (default: the preset's) shape
+    it."""
     patch = flags["patch_size"] or (SMALL_PATCH if data.image_size < SMALL_IMAGES else RevViTConfig().patch_size)
-    overrides = {name: flags[name] for name in ("drop_path_rate", "layer_scale_init_value", "qk_norm")
+    overrides = {name: flags[name] for name in ("drop_path_rate", "layer_scale_init_value", "qk_norm", "conv_stem")
                  if flags[name] is not None}
     return RevViTConfig.from_preset(preset, image_size=data.image_size, patch_size=patch,
                                     num_channels=data.num_channels, **overrides)
@@ -64,6 +65,8 @@ def architecture(config: RevViTConfig | None, preset: str | None) -> tuple[str, 
         description += f", LayerScale from {source.layer_scale_init_value:g}"
     if source.qk_norm:
         description += ", queries and keys normalised per head"
+    if getattr(source, "conv_stem", False):
+        description += ", a convolutional stem"
     return name, (f"{name} ({key}): {description}" if name in SHORT_NAMES.values() else description)
 
 
@@ -76,7 +79,7 @@ REVVIT = register_family(ModelFamily(
     presets=PRESETS,
     canonical_preset=canonical_preset,
     shape_config=shape_config,
-    recipe_flags=("patch_size", "drop_path_rate", "layer_scale_init_value", "qk_norm"),
+    recipe_flags=("patch_size", "drop_path_rate", "layer_scale_init_value", "qk_norm", "conv_stem"),
     recipe_defaults=RECIPE_DEFAULTS,
     delayed_recipe_defaults=DELAYED_RECIPE_DEFAULTS,
     architecture=architecture,

@@ -41,14 +41,40 @@ def seeded_dropout(x: torch.Tensor, p: float, generator: torch.Generator | None,
     return x * keep.to(x.dtype) / (1.0 - p)
 
 
+class StemConvolution(nn.Conv2d):
+    """A convolution of the convolutional stem (initialised as a ResNet's: `_init_weights`)."""
+
+
+class ConvolutionalStem(nn.Sequential):
+    """Xiao et al. (2021)'s stem: log2(patch_size) 3x3 convolutions of stride 2, each followed by BatchNorm and
+    ReLU, their widths doubling up to hidden_size, then a 1x1 convolution to hidden_size. It turns an image into the
+    same grid of tokens as the patchify convolution. Its convolutions start as a ResNet's do (He initialisation,
+    fan-out, for ReLU), not at the transformer's small scale: under Adam a step moves every weight by about the same
+    amount, so smaller weights change more, relative to their size, per step, and a delayed gradient is staler."""
+
+    def __init__(self, config: RevViTConfig):
+        steps = config.patch_size.bit_length() - 1
+        widths = [config.num_channels] + [config.hidden_size >> (steps - 1 - i) for i in range(steps)]
+        layers = []
+        for width_in, width_out in zip(widths, widths[1:]):
+            layers += [StemConvolution(width_in, width_out, 3, stride=2, padding=1, bias=False),
+                       nn.BatchNorm2d(width_out), nn.ReLU()]
+        super().__init__(*layers, StemConvolution(config.hidden_size, config.hidden_size, 1))
+
+
 class RevViTEmbeddings(nn.Module):
-    """Patches (a convolution with kernel = stride = patch size) plus learned positions, as two equal streams."""
+    """Patches (a convolution with kernel = stride = patch size, or the convolutional stem) plus learned positions,
+    as two equal streams."""
 
     reversible = False
 
     def __init__(self, config: RevViTConfig):
         super().__init__()
-        self.patches = nn.Conv2d(config.num_channels, config.hidden_size, config.patch_size, stride=config.patch_size)
+        if config.conv_stem:
+            self.patches = ConvolutionalStem(config)
+        else:
+            self.patches = nn.Conv2d(config.num_channels, config.hidden_size, config.patch_size,
+                                     stride=config.patch_size)
         self.position_embeddings = nn.Parameter(torch.zeros(1, config.num_patches, config.hidden_size))
 
     def forward(self, pixel_values: torch.Tensor) -> Streams:
@@ -214,11 +240,15 @@ class RevViTPreTrainedModel(CheckedLoadingMixin, PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module):
         super()._init_weights(module)
-        if isinstance(module, (nn.Linear, nn.Conv2d)):
+        if isinstance(module, StemConvolution):
+            init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, (nn.Linear, nn.Conv2d)):
             init.trunc_normal_(module.weight, std=self.config.initializer_range)
             if module.bias is not None:
                 init.zeros_(module.bias)
-        elif isinstance(module, nn.LayerNorm):
+        elif isinstance(module, (nn.LayerNorm, nn.BatchNorm2d)):
             init.ones_(module.weight)
             if module.bias is not None:
                 init.zeros_(module.bias)
@@ -271,7 +301,7 @@ class RevViTModel(RevViTPreTrainedModel):
         check_no_attentions(kwargs.get("output_attentions"))
         self.check_pixel_values(pixel_values)
         # Images in the weights' dtype (as ViTModel does): float32 pixels into a bfloat16 or float64 model.
-        pixel_values = pixel_values.to(self.embeddings.patches.weight.dtype)
+        pixel_values = pixel_values.to(self.embeddings.position_embeddings.dtype)
         streams = self.embeddings(pixel_values)
         hidden_states = [torch.cat(streams, dim=-1)] if output_hidden_states else None
         for block in self.encoder:
