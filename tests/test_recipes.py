@@ -167,10 +167,14 @@ def test_model_picks_the_family_and_shapes_it_to_the_data():
     model_args, *_ = recipe.parse(["--model", "revvit-tiny", "--qk_norm", "true"])
     model = recipe.build_model(model_args, digits)
     assert model.config.qk_norm is True and len([m for m in model.modules() if hasattr(m, "query_norm")]) == 12
-    assert config.conv_stem is False  # the preset's: the patchify convolution
-    model_args, *_ = recipe.parse(["--model", "revvit-tiny", "--conv_stem", "true"])
+    # the family's recipe default: the convolutional stem (the preset, the paper's model, has the patchify one)
+    assert config.conv_stem is True and isinstance(recipe.build_model(model_args, digits).revvit.embeddings.patches,
+                                                   torch.nn.Sequential)
+    unset, *_ = recipe.parse(["--model", "revvit-tiny", "--conv_stem", "null"])  # null: the preset's, patchify
+    assert recipe.build_model(unset, digits).config.conv_stem is False
+    model_args, *_ = recipe.parse(["--model", "revvit-tiny", "--conv_stem", "false"])
     model = recipe.build_model(model_args, digits)
-    assert model.config.conv_stem is True and isinstance(model.revvit.embeddings.patches, torch.nn.Sequential)
+    assert model.config.conv_stem is False and isinstance(model.revvit.embeddings.patches, torch.nn.Conv2d)
 
 
 def test_flags_that_would_shape_no_model_are_refused():
@@ -632,14 +636,14 @@ def test_a_new_model_trains_with_its_familys_recipe_defaults_where_no_flag_is_gi
 
     model_args, _, args = recipe.parse(["--model", "revvit-tiny", "--petra_mode", "backprop"])
     assert (args.optim, args.optim_args, args.learning_rate, args.weight_decay, args.num_train_epochs,
-            model_args.layer_scale_init_value) == ("adamw_torch", None, 5e-4, 0.05, 30.0, 1e-4) == tuple(
-        RECIPE_DEFAULTS.values())
-    assert args.petra_delay_lr_warmup == 0
+            model_args.layer_scale_init_value, model_args.conv_stem) == (
+        "adamw_torch", None, 5e-4, 0.05, 30.0, 1e-4, True) == tuple(RECIPE_DEFAULTS.values())
+    assert args.petra_delay_lr_warmup == 0 and args.petra_weight_prediction == 0.5  # the recipe's own
     for mode in ("petra", "delayed"):  # delayed gradients: the family's delay remedies too
         model_args, _, args = recipe.parse(["--model", "revvit-tiny", "--petra_mode", mode])
-        assert (args.learning_rate, args.petra_delay_lr_warmup) == (2e-3, float("inf")) == tuple(
-            DELAYED_RECIPE_DEFAULTS.values())
-        assert (args.optim, model_args.layer_scale_init_value) == ("adamw_torch", 1e-4)
+        assert (args.learning_rate, args.petra_delay_lr_warmup, args.petra_weight_prediction) == (
+            2e-3, float("inf"), 0.0) == tuple(DELAYED_RECIPE_DEFAULTS.values())
+        assert (args.optim, model_args.layer_scale_init_value, model_args.conv_stem) == ("adamw_torch", 1e-4, True)
     assert recipe.parse(["--model", "revvit-tiny"])[2].learning_rate == 2e-3  # the recipe's mode is petra
     model_args, _, args = recipe.parse(["--model", "revvit-tiny", "--learning_rate", "1e-3", "--optim", "sgd",
                                         "--layer_scale_init_value", "null"])
