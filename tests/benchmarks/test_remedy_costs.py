@@ -22,3 +22,17 @@ def test_quick_run(tmp_path, report):
     assert held["k4-over-8"]["total_bytes"] < held["petra"]["total_bytes"]
     table = report.render("remedy_costs/main", tmp_path)
     assert "| PETRA, k = 1 over 32 (the reference) |" in table and "| both |" in table
+
+
+@pytest.mark.benchmark_run
+def test_quick_run_of_the_revvit_s_stems(tmp_path):
+    """--model revvit-tiny: the convolutional stem beside the patchify one. Between ticks the first stage holds its
+    input, the images, with either stem; inside its operations the stem's feature maps add to the peak, and its
+    weights to the model."""
+    out = tmp_path / "remedy_costs_revvit.json"
+    result = run_quick("remedy_costs", out, "--model", "revvit-tiny", "--repeats", "1", "--updates", "2")
+    assert result["settings"]["model"] == "revvit-tiny" and result["settings"]["stages"] == 4  # quick: 2 blocks
+    assert result["ratio_to_petra"]["petra"] == 1.0 and result["median_s"]["conv-stem"] > 0
+    held, within, weights = result["held"], result["peak_within_bytes"], result["weight_bytes"]
+    assert held["conv-stem"]["total_bytes"] == held["petra"]["total_bytes"]
+    assert within["conv-stem"] > within["petra"] and weights["conv-stem"] > weights["petra"]
