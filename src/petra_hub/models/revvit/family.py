@@ -68,7 +68,7 @@ def architecture(config: RevViTConfig | None, preset: str | None) -> tuple[str, 
         description += f", LayerScale from {source.layer_scale_init_value:g}"
     if source.qk_norm:
         description += ", queries and keys normalised per head"
-    if getattr(source, "conv_stem", False):
+    if source.conv_stem:
         description += ", a convolutional stem"
     return name, (f"{name} ({key}): {description}" if name in SHORT_NAMES.values() else description)
 
