@@ -84,8 +84,7 @@ def revnet_cases(quick: bool) -> tuple[dict, dict]:
     cases = {name: (k, make_pipeline(build_model(config).get_stages(), "petra", lr=0.01, accumulation_steps=k,
                                       remedies=remedies), random_batches(4 * k, SAMPLES // k, 32))
              for name, (k, remedies) in SETTINGS.items()}
-    return cases, {"model": "revnet18", "width": width, "image_size": 32,
-                   "accumulation_steps": {name: k for name, (k, _) in SETTINGS.items()}}
+    return cases, {"model": "revnet18", "width": width, "image_size": 32}
 
 
 def revvit_cases(quick: bool) -> tuple[dict, dict]:
@@ -99,8 +98,7 @@ def revvit_cases(quick: bool) -> tuple[dict, dict]:
         model = RevViTForImageClassification(config).float().train()
         cases[name] = (1, make_pipeline(model.get_stages(), "petra", lr=0.01),
                        random_batches(4, SAMPLES, VIT_IMAGES))
-    return cases, {"model": "revvit-tiny", "hidden_size": config.hidden_size, "image_size": VIT_IMAGES,
-                   "accumulation_steps": {name: 1 for name in STEMS}}
+    return cases, {"model": "revvit-tiny", "hidden_size": config.hidden_size, "image_size": VIT_IMAGES}
 
 
 def main(argv=None) -> dict:
@@ -141,7 +139,8 @@ def main(argv=None) -> dict:
                  f"{between[name]['total_bytes'] / 2**20:.2f} MiB between ticks (remedy "
                  f"{between[name]['remedy_bytes'] / 2**20:.2f}), {within[name] / 2**20:.2f} MiB inside operations")
     settings = {**model_settings, "stages": stages, "samples_per_update": SAMPLES, "threads": 1,
-                "repeats": args.repeats, "updates": args.updates}
+                "repeats": args.repeats, "updates": args.updates,
+                "accumulation_steps": {name: k for name, (k, _, _) in cases.items()}}
     name = "remedy_costs_revvit" if args.model == "revvit-tiny" else "remedy_costs"
     return write_results(results_path(args.out, name, args.quick), "remedy_costs", "remedy_costs.py", argv,
                          settings, times=times, median_s=medians, ratio_to_petra=ratios, held=between,

@@ -150,7 +150,8 @@ def test_model_picks_the_family_and_shapes_it_to_the_data():
     model_args, _, args = recipe.parse(["--model", "RevViT_Tiny"])
     assert model_args.model == "revvit-tiny" and args.output_dir == "outputs/revvit-tiny-digits-petra"
     digits = type("Data", (), {"label_names": list("abc"), "image_size": 16})()
-    config = recipe.build_model(model_args, digits).config
+    default = recipe.build_model(model_args, digits)
+    config = default.config
     assert (config.model_type, config.hidden_size, config.num_hidden_layers, config.num_attention_heads) == (
         "revvit", 192, 12, 3)  # the RevViT paper's ViT-Ti
     assert (config.image_size, config.patch_size, config.num_labels) == (16, 4, 3)  # small images: 4x4 patches
@@ -168,8 +169,7 @@ def test_model_picks_the_family_and_shapes_it_to_the_data():
     model = recipe.build_model(model_args, digits)
     assert model.config.qk_norm is True and len([m for m in model.modules() if hasattr(m, "query_norm")]) == 12
     # the family's recipe default: the convolutional stem (the preset, the paper's model, has the patchify one)
-    assert config.conv_stem is True and isinstance(recipe.build_model(model_args, digits).revvit.embeddings.patches,
-                                                   torch.nn.Sequential)
+    assert config.conv_stem is True and isinstance(default.revvit.embeddings.patches, torch.nn.Sequential)
     unset, *_ = recipe.parse(["--model", "revvit-tiny", "--conv_stem", "null"])  # null: the preset's, patchify
     assert recipe.build_model(unset, digits).config.conv_stem is False
     model_args, *_ = recipe.parse(["--model", "revvit-tiny", "--conv_stem", "false"])

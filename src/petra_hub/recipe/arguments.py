@@ -59,8 +59,8 @@ class ModelArguments:
     )
     layer_scale_init_value: float | None = field(
         default=None, metadata={"help": "RevViT: LayerScale, each block's attention and MLP outputs scaled by a "
-                                        "learned per-channel gain starting at this value (e.g. 1e-4); default: the "
-                                        "preset's none"}
+                                        "learned per-channel gain starting at this value; default: 1e-4 for a new "
+                                        "RevViT (its family's recipe default), null: none, the paper's blocks"}
     )
     qk_norm: bool | None = field(
         default=None, metadata={"help": "RevViT: a LayerNorm per attention head on queries and keys; default: the "
@@ -68,8 +68,9 @@ class ModelArguments:
     )
     conv_stem: bool | None = field(
         default=None, metadata={"help": "RevViT: a convolutional stem (3x3 convolutions of stride 2 with BatchNorm "
-                                        "and ReLU, then a 1x1) in place of the patchify convolution; default: the "
-                                        "preset's patchify"}
+                                        "and ReLU, then a 1x1) in place of the patchify convolution; default: true "
+                                        "for a new RevViT (its family's recipe default), false or null: the paper's "
+                                        "patchify convolution"}
     )
     drop_path_rate: float | None = field(
         default=None, metadata={"help": "RevViT: stochastic depth, the last block's drop probability (rising "
